@@ -1,0 +1,191 @@
+"""The closed event set published to a run's stream (CONTRACT.md, "Events").
+
+Each event is a frozen pydantic model whose ``type`` field is the wire type; everything
+else is the event's ``data``. ``events.schema.json`` beside this file is generated from
+these models and kept in sync by a test (``python -m adapters.events > adapters/events.schema.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+ActivityKind = Literal["command", "file", "tool", "other"]
+UsageSource = Literal["harness", "replay"]
+ErrorReason = Literal[
+    "rate-limited",
+    "quota",
+    "auth",
+    "harness-error",
+    "exit",
+    "timeout",
+    "cancelled",
+    "shutdown",
+    "worker-lost",
+    "sandbox",
+    "invalid-input",
+]
+
+#: Default ``retryable`` per reason, as CONTRACT.md's table states it.
+RETRYABLE_BY_DEFAULT: dict[str, bool] = {
+    "rate-limited": True,
+    "quota": False,
+    "auth": False,
+    "harness-error": False,
+    "exit": True,
+    "timeout": True,
+    "cancelled": False,
+    "shutdown": True,
+    "worker-lost": True,
+    "sandbox": True,
+    "invalid-input": False,
+}
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @property
+    def terminal(self) -> bool:
+        return False
+
+    def data(self) -> dict[str, Any]:
+        """The event's ``data`` object: every field but ``type``."""
+        return self.model_dump(mode="json", exclude={"type"})
+
+    def data_json(self) -> str:
+        return json.dumps(self.data(), ensure_ascii=False, separators=(",", ":"))
+
+
+class TurnStarted(_Event):
+    type: Literal["turn-started"] = "turn-started"
+    harness: str
+    attempt: int = 1
+    input_chars: int
+
+
+class Session(_Event):
+    type: Literal["session"] = "session"
+    session_id: str
+    resumed: bool
+    model: str | None = None
+
+
+class AssistantText(_Event):
+    type: Literal["assistant-text"] = "assistant-text"
+    text: str
+
+
+class SandboxActivity(_Event):
+    type: Literal["sandbox-activity"] = "sandbox-activity"
+    kind: ActivityKind
+    description: str
+
+
+class PermissionRequest(_Event):
+    type: Literal["permission-request"] = "permission-request"
+    request_id: str
+    description: str
+    command: str | None = None
+
+
+class Usage(_Event):
+    type: Literal["usage"] = "usage"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float | None = None
+    source: UsageSource = "harness"
+
+
+class TurnComplete(_Event):
+    type: Literal["turn-complete"] = "turn-complete"
+    text: str
+    session_id: str | None = None
+    model: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    exit_code: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return True
+
+
+class SessionError(_Event):
+    type: Literal["session-error"] = "session-error"
+    error: str
+    reason: ErrorReason
+    retryable: bool
+    retry_after_s: float | None = None
+    exit_code: int | None = None
+    stderr_tail: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return True
+
+
+Event = Annotated[
+    TurnStarted
+    | Session
+    | AssistantText
+    | SandboxActivity
+    | PermissionRequest
+    | Usage
+    | TurnComplete
+    | SessionError,
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: tuple[str, ...] = (
+    "turn-started",
+    "session",
+    "assistant-text",
+    "sandbox-activity",
+    "permission-request",
+    "usage",
+    "turn-complete",
+    "session-error",
+)
+TERMINAL_TYPES = frozenset({"turn-complete", "session-error"})
+
+_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def session_error(
+    error: str,
+    reason: ErrorReason,
+    *,
+    retryable: bool | None = None,
+    retry_after_s: float | None = None,
+    exit_code: int | None = None,
+    stderr_tail: str = "",
+) -> SessionError:
+    """A ``session-error`` whose ``retryable`` defaults to the contract's rule for ``reason``."""
+    if retryable is None:
+        retryable = RETRYABLE_BY_DEFAULT[reason]
+    return SessionError(
+        error=error,
+        reason=reason,
+        retryable=retryable,
+        retry_after_s=retry_after_s,
+        exit_code=exit_code,
+        stderr_tail=stderr_tail,
+    )
+
+
+def parse_event(event_type: str, data: dict[str, Any]) -> Event:
+    """Rebuild a typed event from its wire form (``type`` + ``data``); raises on anything else."""
+    return _adapter.validate_python({"type": event_type, **data})
+
+
+def json_schema() -> dict[str, Any]:
+    return _adapter.json_schema()
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))

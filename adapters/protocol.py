@@ -1,0 +1,122 @@
+"""What every adapter module provides, and the values passed to and from it.
+
+An adapter is pure: it turns a :class:`TurnRequest` into a :class:`Command` (argv, stdin,
+environment names and values that are not secret, config files to place in the run's HOME)
+and maps the harness's JSON messages into events. It never spawns, reads the environment,
+touches the filesystem or looks at a clock; the sandbox places the command and the worker
+feeds the output back through :mod:`adapters.stream`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from adapters.events import Event
+
+Posture = Literal["strict", "auto", "dangerous"]
+PermissionPolicy = Literal["full", "posture-only", "none"]
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """Everything an adapter may know when it builds one turn's command.
+
+    Paths are as the harness sees them inside its sandbox (``/workspace`` in a container).
+    ``granted_env`` holds only the *names* of granted variables: values never reach adapters.
+    """
+
+    input: str
+    turn: int = 1
+    workspace: str = "/workspace"
+    home: str = "/workspace/.home"
+    model: str | None = None
+    system_prompt: str | None = None
+    posture: Posture = "auto"
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    resume_session: str | None = None
+    base_url: str | None = None
+    executable: str | None = None
+    granted_env: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Command:
+    """One harness invocation, as data.
+
+    ``stdin`` is written to the process and then closed; ``None`` closes stdin at once.
+    ``env`` holds non-secret variables only (granted secrets are added by the sandbox).
+    ``files`` maps absolute paths inside the sandbox (under ``home`` or ``workspace``) to
+    contents the sandbox writes before the process starts.
+    """
+
+    argv: tuple[str, ...]
+    stdin: bytes | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How the harness process ended, given to ``finish`` when its stream closes."""
+
+    exit_code: int | None
+    stderr_tail: str = ""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter really implements (CONTRACT.md, "Capabilities")."""
+
+    session_resume: bool
+    system_prompt: bool
+    permission_policy: PermissionPolicy
+    permission_hooks: bool
+    mid_turn_cancel: bool
+    usage_reporting: bool
+    cost_reporting: bool
+    model_selection: bool
+    model_reporting: bool
+    mcp_client: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_resume": self.session_resume,
+            "system_prompt": self.system_prompt,
+            "permission_policy": self.permission_policy,
+            "permission_hooks": self.permission_hooks,
+            "mid_turn_cancel": self.mid_turn_cancel,
+            "usage_reporting": self.usage_reporting,
+            "cost_reporting": self.cost_reporting,
+            "model_selection": self.model_selection,
+            "model_reporting": self.model_reporting,
+            "mcp_client": self.mcp_client,
+        }
+
+
+class TurnState(Protocol):
+    """Per-turn mapping state. The stream driver reads these after the turn."""
+
+    session_id: str | None
+    model: str | None
+    resume_rejected: bool
+
+
+class Adapter(Protocol):
+    """The surface of one adapter module (``adapters/<module>.py``)."""
+
+    HARNESS_ID: str
+    CAPABILITIES: Capabilities
+
+    def new_state(self, request: TurnRequest) -> Any: ...
+
+    def build_command(self, request: TurnRequest) -> Command: ...
+
+    def map_message(self, message: dict[str, Any], state: Any) -> list[Event]: ...
+
+    def finish(self, state: Any, exit: ExitInfo) -> list[Event]: ...
+
+    def policy_warning(self, request: TurnRequest) -> str | None: ...

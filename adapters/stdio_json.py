@@ -1,0 +1,156 @@
+"""stdio-json: the generic newline-JSON protocol for custom harnesses (CONTRACT.md).
+
+The input goes on stdin, then stdin is closed. ``HARNESS_TURN`` and, when a session should
+be continued, ``HARNESS_RESUME_SESSION`` are set in the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.events import (
+    AssistantText,
+    Event,
+    PermissionRequest,
+    SandboxActivity,
+    Session,
+    TurnComplete,
+    Usage,
+    session_error,
+)
+from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+
+HARNESS_ID = "stdio-json"
+
+CAPABILITIES = Capabilities(
+    session_resume=True,
+    system_prompt=False,
+    permission_policy="none",
+    permission_hooks=False,
+    mid_turn_cancel=True,
+    usage_reporting=True,
+    cost_reporting=True,
+    model_selection=False,
+    model_reporting=True,
+    mcp_client=False,
+)
+
+_ACTIVITY_KINDS = {"command", "file", "tool", "other"}
+
+
+@dataclass
+class State:
+    offered_session: str | None
+    session_id: str | None = None
+    model: str | None = None
+    resume_rejected: bool = False
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+
+
+def new_state(request: TurnRequest) -> State:
+    return State(offered_session=request.resume_session)
+
+
+def build_command(request: TurnRequest) -> Command:
+    if not request.executable:
+        raise ValueError("the stdio-json harness needs an executable (--executable PATH)")
+    env = {"HARNESS_TURN": str(request.turn)}
+    if request.resume_session:
+        env["HARNESS_RESUME_SESSION"] = request.resume_session
+    text = request.input
+    if request.system_prompt:
+        # No system-prompt channel in this protocol: it rides in the turn input.
+        text = f"{request.system_prompt}\n\n{text}"
+    return Command(
+        argv=(request.executable,),
+        stdin=text.encode("utf-8"),
+        env=env,
+        cwd=request.workspace,
+    )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    kind = message.get("type")
+    if kind == "session":
+        session_id = message.get("id")
+        if not isinstance(session_id, str) or not session_id:
+            return []
+        model = message.get("model")
+        state.session_id = session_id
+        state.model = model if isinstance(model, str) else None
+        resumed = state.offered_session is not None and session_id == state.offered_session
+        return [Session(session_id=session_id, resumed=resumed, model=state.model)]
+    if kind == "text":
+        text = _text(message.get("text"))
+        return [AssistantText(text=text)] if text else []
+    if kind == "activity":
+        activity = message.get("kind")
+        return [
+            SandboxActivity(
+                kind=activity if activity in _ACTIVITY_KINDS else "other",
+                description=_text(message.get("description")),
+            )
+        ]
+    if kind == "permission":
+        command = message.get("command")
+        return [
+            PermissionRequest(
+                request_id=str(message.get("id", "")),
+                description=_text(message.get("description")),
+                command=command if isinstance(command, str) else None,
+            )
+        ]
+    if kind == "usage":
+        cost = message.get("cost_usd")
+        usage = Usage(
+            input_tokens=_int(message.get("input_tokens")),
+            output_tokens=_int(message.get("output_tokens")),
+            cached_input_tokens=_int(message.get("cached_input_tokens")),
+            cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
+        )
+        state.input_tokens += usage.input_tokens
+        state.output_tokens += usage.output_tokens
+        if usage.cost_usd is not None:
+            state.cost_usd = (state.cost_usd or 0.0) + usage.cost_usd
+        return [usage]
+    if kind == "complete":
+        return [
+            TurnComplete(
+                text=_text(message.get("text")),
+                session_id=state.session_id,
+                model=state.model,
+                input_tokens=state.input_tokens,
+                output_tokens=state.output_tokens,
+                cost_usd=state.cost_usd,
+            )
+        ]
+    if kind == "error":
+        error = _text(message.get("message")) or "the harness reported an error"
+        if state.offered_session is not None and message.get("code") == "session-not-found":
+            state.resume_rejected = True
+        return [session_error(error, "harness-error")]
+    return []
+
+
+def finish(state: State, exit: ExitInfo) -> list[Event]:
+    return []
+
+
+def policy_warning(request: TurnRequest) -> str | None:
+    if request.posture != "dangerous" or request.allow or request.deny:
+        return (
+            "stdio-json enforces no permission policy: posture and allow/deny patterns "
+            "are not applied by the harness"
+        )
+    return None

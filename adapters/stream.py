@@ -1,0 +1,221 @@
+"""The stream rules, written once for every harness.
+
+Bytes from the harness's stdout become lines (CRLF tolerant, invalid UTF-8 replaced, a line
+over ``max_line_bytes`` dropped and counted without ever being held whole), lines become JSON
+messages (blank lines skipped, non-JSON lines counted and skipped: banners are normal),
+messages go through the adapter's ``map_message`` (an exception there is caught and
+counted), and the result is a turn whose first event is ``turn-started`` and whose last is its
+one terminal event. Lines after the terminal are dropped and counted. A stream that ends
+without a terminal gets one from the adapter's ``finish`` or, failing that, a ``session-error``
+of reason ``exit`` built from the exit code and the stderr tail.
+
+Pure: no I/O, no clock. The worker reads the process and feeds bytes in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.events import Event, SessionError, TurnStarted, session_error
+from adapters.protocol import Adapter, ExitInfo, TurnRequest
+
+DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
+STDERR_TAIL_CHARS = 2000
+
+
+class LineSplitter:
+    """Splits a byte stream into lines, never buffering more than ``max_line_bytes``."""
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.oversized = 0
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._discarding = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                self._hold(chunk[start:])
+                return lines
+            piece = chunk[start:nl]
+            start = nl + 1
+            if self._discarding:
+                self._discarding = False
+                continue
+            if self._size + len(piece) > self.max_line_bytes:
+                self._drop()
+                continue
+            if self._parts:
+                self._parts.append(piece)
+                piece = b"".join(self._parts)
+                self._parts.clear()
+                self._size = 0
+            lines.append(piece)
+
+    def flush(self) -> list[bytes]:
+        """The last line when the stream ends without a newline."""
+        if self._discarding or not self._parts:
+            self._parts.clear()
+            self._size = 0
+            self._discarding = False
+            return []
+        line = b"".join(self._parts)
+        self._parts.clear()
+        self._size = 0
+        return [line]
+
+    def _hold(self, rest: bytes) -> None:
+        if not rest or self._discarding:
+            return
+        if self._size + len(rest) > self.max_line_bytes:
+            self._drop()
+            self._discarding = True
+            return
+        self._parts.append(rest)
+        self._size += len(rest)
+
+    def _drop(self) -> None:
+        self.oversized += 1
+        self._parts.clear()
+        self._size = 0
+
+
+@dataclass
+class StreamCounters:
+    lines: int = 0
+    messages: int = 0
+    non_json: int = 0
+    mapper_errors: int = 0
+    dropped_after_terminal: int = 0
+    oversized: int = 0
+    events: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class StreamDriver:
+    """Runs one turn's output through an adapter under the shared stream rules."""
+
+    adapter: Adapter
+    request: TurnRequest
+    attempt: int = 1
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    counters: StreamCounters = field(default_factory=StreamCounters)
+    terminal: Event | None = None
+    last_mapper_error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.state: Any = self.adapter.new_state(self.request)
+        self._splitter = LineSplitter(self.max_line_bytes)
+        self._started = False
+
+    @property
+    def done(self) -> bool:
+        return self.terminal is not None
+
+    def start(self) -> list[Event]:
+        """The turn's first event. Call once, before anything else."""
+        if self._started:
+            return []
+        self._started = True
+        return [
+            TurnStarted(
+                harness=self.adapter.HARNESS_ID,
+                attempt=self.attempt,
+                input_chars=len(self.request.input),
+            )
+        ]
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        """Map a chunk of stdout; returns the events it completes, in order."""
+        out = self.start()
+        for line in self._splitter.feed(chunk):
+            self._line(line, out)
+        self.counters.oversized = self._splitter.oversized
+        return out
+
+    def finish(self, exit: ExitInfo) -> list[Event]:
+        """The process has exited: flush, then make sure the turn has its terminal event."""
+        out = self.start()
+        for line in self._splitter.flush():
+            self._line(line, out)
+        self.counters.oversized = self._splitter.oversized
+        if self.done:
+            return out
+        try:
+            tail_events = self.adapter.finish(self.state, exit)
+        except Exception as exc:  # an adapter bug must not cost the turn its terminal
+            self.counters.mapper_errors += 1
+            self.last_mapper_error = f"{type(exc).__name__}: {exc}"
+            tail_events = []
+        self._accept(tail_events, out)
+        if not self.done:
+            self._accept([self._exit_error(exit)], out)
+        return out
+
+    def fail(self, error: SessionError) -> list[Event]:
+        """End the turn from outside (timeout, cancel, shutdown, sandbox failure).
+
+        Returns nothing when the turn already has its terminal event.
+        """
+        out = self.start()
+        if not self.done:
+            self._accept([error], out)
+        return out
+
+    def _line(self, raw: bytes, out: list[Event]) -> None:
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw.strip():
+            return
+        self.counters.lines += 1
+        if self.done:
+            self.counters.dropped_after_terminal += 1
+            return
+        try:
+            message = json.loads(raw.decode("utf-8", errors="replace"))
+        except ValueError:
+            self.counters.non_json += 1
+            return
+        if not isinstance(message, dict):
+            self.counters.non_json += 1
+            return
+        self.counters.messages += 1
+        try:
+            events = self.adapter.map_message(message, self.state)
+        except Exception as exc:  # one bad message is counted data, not a failed turn
+            self.counters.mapper_errors += 1
+            self.last_mapper_error = f"{type(exc).__name__}: {exc}"
+            return
+        self._accept(events, out)
+
+    def _accept(self, events: list[Event], out: list[Event]) -> None:
+        for event in events:
+            if self.done:
+                self.counters.dropped_after_terminal += 1
+                continue
+            if event.type == "turn-started":
+                continue
+            out.append(event)
+            self.counters.events += 1
+            if event.terminal:
+                self.terminal = event
+
+    def _exit_error(self, exit: ExitInfo) -> SessionError:
+        code = "unknown" if exit.exit_code is None else str(exit.exit_code)
+        tail = exit.stderr_tail[-STDERR_TAIL_CHARS:]
+        detail = tail.strip().splitlines()[-1] if tail.strip() else "no output on stderr"
+        return session_error(
+            f"{self.adapter.HARNESS_ID} exited (code {code}) without a final message: {detail}",
+            "exit",
+            exit_code=exit.exit_code,
+            stderr_tail=tail,
+        )

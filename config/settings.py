@@ -1,0 +1,161 @@
+"""Typed settings, read from ``HARNESS_*`` environment variables (and an optional ``.env``).
+
+Every variable is listed with its default in ``config/.env.example``; a test keeps the two
+in sync. ``load_settings()`` turns a validation failure into :class:`SettingsError` naming
+the variable, so a worker with a bad setting fails at start with a sentence, not a trace.
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from config.harnesses import DEFAULT_GRANTS, DEFAULT_IMAGES
+
+CommaList = Annotated[tuple[str, ...], NoDecode]
+Mapping = Annotated[dict[str, str], NoDecode]
+GrantMap = Annotated[dict[str, tuple[str, ...]], NoDecode]
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names the variable."""
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="HARNESS_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    # Where things live
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field("harness", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+
+    # Sandboxes
+    sandbox: Literal["docker", "local"] = "docker"
+    images: Mapping = Field(default_factory=lambda: dict(DEFAULT_IMAGES))
+    network: Literal["none", "bridge", "host"] = "bridge"
+    workspace_root: str = "/tmp/harness-worker"
+    container_user: str = Field("1000:1000", pattern=r"^[0-9]{1,10}(:[0-9]{1,10})?$")
+    read_only_root: bool = True
+    memory: str = Field("2g", pattern=r"^[0-9]+[bkmg]?$")
+    cpus: float = Field(2.0, gt=0, le=256)
+    pids: int = Field(512, gt=0, le=1_000_000)
+    docker_url: str | None = None
+    """Docker daemon to use (default: DOCKER_HOST or the local socket)."""
+    warm_pool: int = Field(0, ge=0, le=64)
+
+    # Operator policy: what a producer may ask for ("*" allows anything)
+    allowed_images: CommaList = ()
+    """Images a producer may name besides the configured ones."""
+    allowed_networks: CommaList = ("none", "bridge")
+    allowed_executables: CommaList = ()
+    grants: GrantMap = Field(default_factory=lambda: dict(DEFAULT_GRANTS))
+    """Per harness, the grant names a producer may ask for: ``harness=A|B;harness2=C``."""
+    max_memory: str = Field("8g", pattern=r"^[0-9]+[bkmg]?$")
+    max_cpus: float = Field(4.0, gt=0)
+    max_pids: int = Field(4096, gt=0)
+    max_turn_timeout_s: float = Field(3600.0, gt=0)
+    max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)
+
+    # Turns
+    turn_timeout_s: float = Field(1800.0, gt=0)
+    idle_timeout_s: float = Field(600.0, gt=0)
+    exit_grace_s: float = Field(2.0, ge=0)
+    """After the harness's final message, how long it may take to exit before it is killed."""
+    kill_grace_s: float = Field(1.0, ge=0)
+    """Between SIGTERM and SIGKILL when a turn is stopped."""
+    shutdown_grace_s: float = Field(10.0, ge=0)
+    max_line_bytes: int = Field(8 * 1024 * 1024, gt=1024)
+
+    # Redis retention
+    stream_maxlen: int = Field(100_000, gt=0)
+    retention_s: int = Field(7 * 24 * 3600, gt=0)
+    run_lease_s: int = Field(3600, gt=0)
+
+    # Workers
+    concurrency: int = Field(32, gt=0, le=1024)
+    pool: Literal["threads", "prefork", "solo"] = "threads"
+    host_queue: str = Field(default_factory=lambda: f"host.{socket.gethostname()}")
+    harness_queues: CommaList = ()
+    """Harness queues this worker consumes (default: all)."""
+    reap_interval_s: float = Field(60.0, gt=0)
+    host_timeout_s: float = Field(30.0, gt=0)
+    """How long a turn waits for a worker on its run's Docker host before failing."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+
+    @field_validator("allowed_images", "allowed_networks", "allowed_executables", "harness_queues", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        return _split(value)
+
+    @field_validator("images", mode="before")
+    @classmethod
+    def _image_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            result = dict(DEFAULT_IMAGES)
+            for item in value.split(","):
+                if not item.strip():
+                    continue
+                name, sep, image = item.partition("=")
+                if not sep or not name.strip() or not image.strip():
+                    raise ValueError(f"expected harness=image pairs, got {item.strip()!r}")
+                result[name.strip()] = image.strip()
+            return result
+        return value
+
+    @field_validator("grants", mode="before")
+    @classmethod
+    def _grant_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            result: dict[str, tuple[str, ...]] = {}
+            for item in value.split(";"):
+                if not item.strip():
+                    continue
+                name, sep, names = item.partition("=")
+                if not sep or not name.strip():
+                    raise ValueError(f"expected harness=NAME|NAME pairs, got {item.strip()!r}")
+                result[name.strip()] = tuple(n.strip() for n in names.split("|") if n.strip())
+            return result
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Settings:
+        if self.turn_timeout_s > self.max_turn_timeout_s:
+            raise ValueError("HARNESS_TURN_TIMEOUT_S exceeds HARNESS_MAX_TURN_TIMEOUT_S")
+        return self
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """The broker's redelivery delay: above the longest turn a producer may ask for."""
+        return int(self.max_turn_timeout_s + self.shutdown_grace_s + 300)
+
+    def image_for(self, harness: str) -> str | None:
+        return self.images.get(harness)
+
+
+def load_settings(**overrides: object) -> Settings:
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = "_".join(str(p) for p in error["loc"]).upper()
+            name = f"HARNESS_{loc}" if loc else "settings"
+            problems.append(f"{name}: {error['msg']}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return load_settings()
