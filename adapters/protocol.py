@@ -40,6 +40,9 @@ class TurnRequest:
     base_url: str | None = None
     executable: str | None = None
     granted_env: frozenset[str] = frozenset()
+    carry: Mapping[str, Any] = field(default_factory=dict)
+    """What this adapter's previous turn of the run left in ``state.carry`` (JSON-able), for
+    example a thread's running usage totals. Empty on a run's first turn."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,18 @@ class Capabilities:
 
 
 class TurnState(Protocol):
-    """Per-turn mapping state. The stream driver reads these after the turn."""
+    """Per-turn mapping state; the worker reads these attributes after the turn.
+
+    ``resume_rejected`` is set when the harness refused the offered session (stale or
+    unknown id): the worker then retries fresh with the run's prior conversation replayed.
+    ``carry`` is persisted in the run record and handed to the next turn as
+    ``TurnRequest.carry``.
+    """
 
     session_id: str | None
     model: str | None
     resume_rejected: bool
+    carry: dict[str, Any]
 
 
 class Adapter(Protocol):

@@ -6,7 +6,7 @@ be continued, ``HARNESS_RESUME_SESSION`` are set in the environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.events import (
@@ -48,6 +48,7 @@ class State:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
+    carry: dict[str, Any] = field(default_factory=dict)
 
 
 def new_state(request: TurnRequest) -> State:
