@@ -2,7 +2,8 @@
 
 Each event is a frozen pydantic model whose ``type`` field is the wire type; everything
 else is the event's ``data``. ``events.schema.json`` beside this file is generated from
-these models and kept in sync by a test (``python -m adapters.events > adapters/events.schema.json``).
+these models and kept in sync by a test; regenerate it with
+``python -m adapters.events > adapters/events.schema.json``.
 """
 
 from __future__ import annotations

@@ -118,7 +118,9 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
             input_tokens=_int(message.get("input_tokens")),
             output_tokens=_int(message.get("output_tokens")),
             cached_input_tokens=_int(message.get("cached_input_tokens")),
-            cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
+            cost_usd=float(cost)
+            if isinstance(cost, int | float) and not isinstance(cost, bool)
+            else None,
         )
         state.input_tokens += usage.input_tokens
         state.output_tokens += usage.output_tokens

@@ -152,7 +152,7 @@ class StreamDriver:
             return out
         try:
             tail_events = self.adapter.finish(self.state, exit)
-        except Exception as exc:  # an adapter bug must not cost the turn its terminal
+        except Exception as exc:  # noqa: BLE001 -- an adapter bug must not cost the turn its terminal
             self.counters.mapper_errors += 1
             self.last_mapper_error = f"{type(exc).__name__}: {exc}"
             tail_events = []
@@ -191,7 +191,7 @@ class StreamDriver:
         self.counters.messages += 1
         try:
             events = self.adapter.map_message(message, self.state)
-        except Exception as exc:  # one bad message is counted data, not a failed turn
+        except Exception as exc:  # noqa: BLE001 -- one bad message is counted data, not a failed turn
             self.counters.mapper_errors += 1
             self.last_mapper_error = f"{type(exc).__name__}: {exc}"
             return

@@ -94,7 +94,9 @@ class Settings(BaseSettings):
     """How long a turn waits for a worker on its run's Docker host before failing."""
     metrics_port: int = Field(0, ge=0, le=65535)
 
-    @field_validator("allowed_images", "allowed_networks", "allowed_executables", "harness_queues", mode="before")
+    @field_validator(
+        "allowed_images", "allowed_networks", "allowed_executables", "harness_queues", mode="before"
+    )
     @classmethod
     def _comma_list(cls, value: object) -> object:
         return _split(value)

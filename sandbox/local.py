@@ -6,6 +6,7 @@ directory: use the Docker backend for anything you do not trust.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -88,8 +89,10 @@ class LocalProcess:
         while self._open_streams:
             remaining = deadline - time.monotonic()
             try:
-                item = self._queue.get(timeout=max(remaining, 0.0)) if remaining > 0 else (
-                    self._queue.get_nowait()
+                item = (
+                    self._queue.get(timeout=max(remaining, 0.0))
+                    if remaining > 0
+                    else (self._queue.get_nowait())
                 )
             except queue.Empty:
                 return None
@@ -137,10 +140,8 @@ class LocalProcess:
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def _pump(self, stream: object, name: str) -> None:
         fd = stream.fileno()  # type: ignore[attr-defined]
@@ -163,10 +164,8 @@ class LocalProcess:
         except (BrokenPipeError, OSError):
             pass  # the harness closed stdin early; it gets what it read
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 stdin.close()  # type: ignore[attr-defined]
-            except OSError:
-                pass
 
 
 class LocalSandbox:
@@ -200,7 +199,9 @@ class LocalSandbox:
     def _meta_path(self, run_id: str) -> Path:
         return self.root / "run" / f"{safe_name(run_id, 'run id')}.json"
 
-    def start(self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]) -> LocalProcess:
+    def start(
+        self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]
+    ) -> LocalProcess:
         workspace = Path(placement.workspace)
         for path, content in spec.files.items():
             target = Path(path)

@@ -1,0 +1,140 @@
+"""One harness process, from start to its terminal event: the read loop of a turn.
+
+Output is fed to the stream driver as it arrives and published chunk by chunk; the terminal
+event is held back and returned, so the caller can update the run record (or retry fresh
+after a rejected resume) before consumers see the turn end. Cancel, turn and idle timeouts
+and worker shutdown are checked here, independently of the Celery pool type.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adapters.events import Event, SessionError, TurnComplete, Usage, session_error
+from adapters.protocol import ExitInfo
+from adapters.stream import StreamDriver
+from sandbox.base import Process
+from worker.publisher import RedisStreamPublisher
+
+STDERR_KEEP = 8192
+POLL_S = 0.2
+
+
+@dataclass
+class Limits:
+    deadline: float
+    """Monotonic time at which the turn times out."""
+    idle_s: float
+    exit_grace_s: float
+    kill_grace_s: float
+
+
+@dataclass
+class UsageTotals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float | None = None
+
+    def add(self, usage: Usage) -> None:
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cached_input_tokens += usage.cached_input_tokens
+        if usage.cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + usage.cost_usd
+
+    def as_tuple(self) -> tuple[int, int, int, float | None]:
+        return (self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cost_usd)
+
+
+@dataclass
+class Outcome:
+    terminal: Event
+    exit_code: int | None
+    stderr_tail: str
+
+
+class Publishing:
+    """Publishes events as they come, keeping the facts the run record needs."""
+
+    def __init__(self, publisher: RedisStreamPublisher) -> None:
+        self.publisher = publisher
+        self.usage = UsageTotals()
+        self.sessions: list[Event] = []
+        self.text_parts: list[str] = []
+
+    def send(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, Usage):
+                self.usage.add(event)
+            elif event.type == "session":
+                self.sessions.append(event)
+        self.publisher.publish(events)
+
+
+def drive(
+    process: Process,
+    driver: StreamDriver,
+    out: Publishing,
+    limits: Limits,
+    should_stop: Callable[[], SessionError | None],
+) -> Outcome:
+    """Run one process to the end of its turn; always leaves the process dead."""
+    stderr = bytearray()
+    out.send(driver.start())  # empty when the caller already published turn-started
+    last_output = time.monotonic()
+    terminal_at: float | None = None
+    next_check = 0.0
+    stop: SessionError | None = None
+    try:
+        while True:
+            now = time.monotonic()
+            if driver.done:
+                terminal_at = terminal_at or now
+                if process.eof or now - terminal_at >= limits.exit_grace_s:
+                    break
+            else:
+                if now >= limits.deadline:
+                    stop = session_error("the turn timed out", "timeout")
+                elif now - last_output >= limits.idle_s:
+                    stop = session_error(
+                        f"the harness produced no output for {limits.idle_s:g}s", "timeout"
+                    )
+                elif now >= next_check:
+                    next_check = now + POLL_S
+                    stop = should_stop()
+                if stop is not None:
+                    break
+                if process.eof:
+                    break
+            chunk = process.read(POLL_S)
+            if chunk is None:
+                continue
+            last_output = time.monotonic()
+            if chunk.stream == "stdout":
+                events = driver.feed(chunk.data)
+                out.send([e for e in events if not e.terminal])
+            else:
+                stderr += chunk.data
+                if len(stderr) > STDERR_KEEP:
+                    del stderr[: len(stderr) - STDERR_KEEP]
+    finally:
+        exit_code = process.wait(0)
+        if exit_code is None:
+            process.kill(grace=limits.kill_grace_s)
+            exit_code = process.wait(limits.kill_grace_s + 5)
+    tail = stderr.decode("utf-8", errors="replace")
+    if stop is not None:
+        events = driver.fail(
+            stop.model_copy(update={"exit_code": exit_code, "stderr_tail": tail[-2000:]})
+        )
+    else:
+        events = driver.finish(ExitInfo(exit_code, tail))
+    out.send([e for e in events if not e.terminal])
+    terminal = driver.terminal
+    assert terminal is not None  # finish() and fail() always leave one
+    if isinstance(terminal, TurnComplete | SessionError) and terminal.exit_code is None:
+        terminal = terminal.model_copy(update={"exit_code": exit_code})
+    return Outcome(terminal, exit_code, tail)

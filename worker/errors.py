@@ -1,0 +1,49 @@
+"""The exceptions producers see. Every client method raises these, never Redis or Celery's.
+
+HarnessError
+├── InvalidInput      the request is malformed or beyond operator policy (CLI exit 2)
+├── RunNotFound       no such run (CLI exit 1)
+├── RunBusy           a turn of this run is still in flight (CLI exit 2)
+├── RunEnded          the run has ended or failed; it takes no more turns (CLI exit 2)
+└── Unavailable       Redis or the broker cannot be reached (CLI exit 1)
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    exit_code = 1
+
+
+class InvalidInput(HarnessError, ValueError):
+    exit_code = 2
+
+
+class RunNotFound(HarnessError, LookupError):
+    exit_code = 1
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"unknown run {run_id!r}")
+        self.run_id = run_id
+
+
+class RunBusy(HarnessError):
+    exit_code = 2
+
+    def __init__(self, run_id: str, turn: int | None = None) -> None:
+        what = f"turn {turn}" if turn else "a turn"
+        super().__init__(f"run {run_id} is busy: {what} is still in flight (cancel it or wait)")
+        self.run_id = run_id
+
+
+class RunEnded(HarnessError):
+    exit_code = 2
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id} is {status}; it takes no more turns")
+        self.run_id = run_id
+        self.status = status
+
+
+class Unavailable(HarnessError):
+    exit_code = 1

@@ -1,0 +1,48 @@
+"""Every Redis key name, in one place (CONTRACT.md, "Redis layout")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "harness"
+
+    def run(self, run_id: str) -> str:
+        """The run record (a hash)."""
+        return f"{self.prefix}:run:{run_id}"
+
+    def events(self, run_id: str) -> str:
+        """The run's event stream; entry ids are ``{turn}-{seq}``."""
+        return f"{self.prefix}:run:{run_id}:events"
+
+    def transcript(self, run_id: str) -> str:
+        """A list of the run's turns (input and final answer), replayed when resume fails."""
+        return f"{self.prefix}:run:{run_id}:transcript"
+
+    def turn_started(self, run_id: str, turn: int) -> str:
+        """Set once when a worker takes a turn: a redelivered turn never runs twice."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:started"
+
+    def turn_owner(self, run_id: str, turn: int) -> str:
+        """The owning worker's heartbeat (expires when it dies)."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:owner"
+
+    def cancel(self, run_id: str, turn: int) -> str:
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:cancel"
+
+    def credential(self, run_id: str) -> str:
+        return f"{self.prefix}:run:{run_id}:credential"
+
+    def run_keys(self, run_id: str) -> tuple[str, ...]:
+        """Keys that share the run's retention."""
+        return (self.run(run_id), self.events(run_id), self.transcript(run_id))
+
+    def runs_index(self) -> str:
+        """A set of run ids that may still hold a sandbox (for the reaper)."""
+        return f"{self.prefix}:runs:active"
+
+    def hosts(self) -> str:
+        """A hash host queue -> last heartbeat of a worker consuming it."""
+        return f"{self.prefix}:hosts"

@@ -1,0 +1,152 @@
+"""Publishing a turn's events to the run's Redis stream, in order, never twice, never lost.
+
+Entry ids are ``{turn}-{seq}``. Events are sent in pipelined batches (one round trip per
+chunk of harness output); while Redis is unreachable they wait in memory and are sent, in
+order, once it is back. A retried batch is harmless: Redis refuses an id it already has,
+and that refusal counts as delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+import redis
+
+from adapters.events import Event
+from worker.keys import Keys
+
+log = logging.getLogger(__name__)
+
+MASK = "[masked]"
+_DUPLICATE_ID = "equal or smaller than the target stream top item"
+
+
+class Masker:
+    """Replaces granted secret values wherever they appear in published text."""
+
+    def __init__(self, secrets: Mapping[str, str] | Iterable[str] = ()) -> None:
+        values = secrets.values() if isinstance(secrets, Mapping) else secrets
+        forms: set[str] = set()
+        for value in values:
+            if len(value) < 4:  # too short to mask without destroying ordinary text
+                continue
+            forms.add(value)
+            forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
+            forms.add(json.dumps(value)[1:-1])
+        self._forms = sorted(forms, key=len, reverse=True)
+
+    def __bool__(self) -> bool:
+        return bool(self._forms)
+
+    def mask(self, text: str) -> str:
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        return text
+
+
+class RedisStreamPublisher:
+    """Publishes one turn's events with ids ``{turn}-{seq}``."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        run_id: str,
+        turn: int,
+        *,
+        maxlen: int,
+        masker: Masker | None = None,
+        start_seq: int = 0,
+        retry_interval_s: float = 0.25,
+    ) -> None:
+        self._redis = client
+        self._key = keys.events(run_id)
+        self.turn = turn
+        self.seq = start_seq
+        self._maxlen = maxlen
+        self._masker = masker or Masker()
+        self._pending: deque[tuple[str, dict[str, str]]] = deque()
+        self._retry_interval = retry_interval_s
+        self._next_try = 0.0
+        self.published = 0
+        self.retries = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def publish(self, events: Iterable[Event]) -> bool:
+        """Queue the events and try to send everything pending. True when nothing is left."""
+        now = time.time()
+        for event in events:
+            data = event.data_json()
+            if self._masker:
+                data = self._masker.mask(data)
+            entry_id = f"{self.turn}-{self.seq}"
+            self.seq += 1
+            self._pending.append((entry_id, {"type": event.type, "data": data, "ts": f"{now:.6f}"}))
+        return self.flush()
+
+    def flush(self, *, force: bool = False) -> bool:
+        if not self._pending:
+            return True
+        now = time.monotonic()
+        if not force and now < self._next_try:
+            return False
+        batch = list(self._pending)
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for entry_id, fields in batch:
+                pipe.xadd(self._key, fields, id=entry_id, maxlen=self._maxlen, approximate=True)
+            results = pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.retries += 1
+            self._next_try = now + self._retry_interval
+            if self.retries == 1 or self.retries % 20 == 0:
+                log.warning(
+                    "stream.publish_retry",
+                    extra={"stream": self._key, "pending": len(batch), "error": str(exc)},
+                )
+            return False
+        delivered = 0
+        for result in results:
+            if isinstance(result, redis.ConnectionError | redis.TimeoutError):
+                break
+            if isinstance(result, Exception) and _DUPLICATE_ID not in str(result):
+                raise result
+            delivered += 1
+        for _ in range(delivered):
+            self._pending.popleft()
+        self.published += delivered
+        if self._pending:
+            self.retries += 1
+            self._next_try = now + self._retry_interval
+            return False
+        return True
+
+    def drain(self, timeout_s: float) -> bool:
+        """Keep trying until everything pending is sent or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while not self.flush(force=True):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self._retry_interval)
+        return True
+
+
+def last_seq(client: redis.Redis, keys: Keys, run_id: str, turn: int) -> tuple[int, str | None]:
+    """The next free seq of a turn, and the type of its last event (None if it has none)."""
+    entries = client.xrevrange(
+        keys.events(run_id), max=f"{turn}-18446744073709551615", min=f"{turn}-0", count=1
+    )
+    if not entries:
+        return 0, None
+    entry_id, fields = entries[0]  # type: ignore[index]
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    kind = fields.get("type") if isinstance(fields, dict) else None
+    return int(str(entry_id).split("-")[1]) + 1, kind

@@ -1,0 +1,155 @@
+"""What a producer asks for: a run's options and one turn's payload, validated where they enter."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from adapters import HARNESS_IDS
+from worker.errors import InvalidInput
+
+RUN_ID = re.compile(r"^r[0-9a-f]{24}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# A Docker image reference: [registry[:port]/]name[:tag][@digest], lower-case path components.
+IMAGE_REF = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@sha256:[a-f0-9]{64})?$"
+)
+SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def new_run_id() -> str:
+    return "r" + secrets.token_hex(12)
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise InvalidInput(f"invalid run id {run_id!r}: expected 'r' and 24 hex digits")
+    return run_id
+
+
+class RunOptions(BaseModel):
+    """A run's options, fixed at ``start_run`` and stored in the run record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    harness: str
+    model: str | None = Field(None, max_length=200)
+    system_prompt: str | None = Field(None, max_length=1_000_000)
+    posture: Literal["strict", "auto", "dangerous"] = "auto"
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    grants: tuple[str, ...] = ()
+    sandbox: Literal["docker", "local"] | None = None
+    image: str | None = None
+    network: Literal["none", "bridge", "host"] | None = None
+    resume_session: str | None = None
+    base_url: str | None = Field(None, max_length=2000)
+    executable: str | None = Field(None, max_length=4096)
+    timeout_s: float | None = Field(None, gt=0)
+    workspace: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    """A durable workspace name shared across runs; None gives the run its own."""
+
+    @field_validator("harness")
+    @classmethod
+    def _known_harness(cls, value: str) -> str:
+        if value not in HARNESS_IDS:
+            raise ValueError(f"unknown harness {value!r}; known: {', '.join(HARNESS_IDS)}")
+        return value
+
+    @field_validator("model", "system_prompt", "executable", "base_url")
+    @classmethod
+    def _no_control(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or _CONTROL.search(value)):
+            raise ValueError("must be a plain model name")
+        return value
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if not pattern or len(pattern) > 500 or _CONTROL.search(pattern):
+                raise ValueError(f"invalid tool pattern {pattern!r}")
+        return value
+
+    @field_validator("grants")
+    @classmethod
+    def _grant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"invalid grant name {name!r}: use an environment variable name")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image_ref(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 255 or not IMAGE_REF.match(value)):
+            raise ValueError(f"invalid image reference {value!r}")
+        return value
+
+    @field_validator("resume_session")
+    @classmethod
+    def _session_id(cls, value: str | None) -> str | None:
+        if value is not None and not SESSION_ID.match(value):
+            raise ValueError(f"invalid vendor session id {value!r}")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/?#]+[^\s]*$", value):
+            raise ValueError(f"invalid base URL {value!r}: expected http(s)://host[/path]")
+        return value
+
+    @field_validator("executable")
+    @classmethod
+    def _executable(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or _CONTROL.search(value)):
+            raise ValueError("must be a path to a program")
+        return value
+
+
+class TurnPayload(BaseModel):
+    """The Celery message of one turn. Never holds a secret: grants travel by name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    turn: int = Field(ge=1)
+    input: str
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str) -> str:
+        if not RUN_ID.match(value):
+            raise ValueError("invalid run id")
+        return value
+
+
+def parse_options(**fields: object) -> RunOptions:
+    """Build RunOptions, turning validation failures into one readable InvalidInput."""
+    try:
+        return RunOptions(**fields)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise InvalidInput(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "input"
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "invalid request: " + "; ".join(parts)

@@ -1,0 +1,406 @@
+"""One turn of a run, from a decoded payload to its terminal event. Knows nothing of Celery.
+
+Every path ends the turn with exactly one terminal event, published after the run record
+is updated: success, harness failure, invalid input, sandbox failure, cancel, timeout,
+worker shutdown. A redelivered turn never runs the harness twice: the first worker to take
+a turn marks it started; a later delivery finds the mark and either sees the turn finished,
+sees its owner alive, or (owner dead) closes it with ``worker-lost``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+import adapters
+from adapters.events import (
+    Event,
+    SessionError,
+    TurnComplete,
+    TurnStarted,
+    Usage,
+    session_error,
+)
+from adapters.protocol import TurnRequest
+from adapters.stream import StreamDriver
+from config import Settings
+from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
+from worker import attempt
+from worker.errors import InvalidInput, RunNotFound
+from worker.keys import Keys
+from worker.policy import check_input, resolve, resolve_secrets
+from worker.publisher import Masker, RedisStreamPublisher, last_seq
+from worker.records import RunStore
+from worker.spec import RunOptions, TurnPayload
+
+log = logging.getLogger(__name__)
+
+OWNER_TTL_S = 30
+REDIS_PATIENCE_S = 600.0
+"""How long a finished turn keeps trying to reach Redis before giving up its events."""
+
+
+@dataclass
+class Shutdown:
+    """Set when the worker begins a warm shutdown; turns get ``grace_s`` to finish."""
+
+    grace_s: float
+    requested_at: float | None = None
+    event: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def request(self) -> None:
+        if self.requested_at is None:
+            self.requested_at = time.monotonic()
+        self.event.set()
+
+    def expired(self) -> bool:
+        return self.requested_at is not None and (
+            time.monotonic() - self.requested_at >= self.grace_s
+        )
+
+
+@dataclass
+class TurnDeps:
+    settings: Settings
+    redis: redis.Redis
+    keys: Keys
+    store: RunStore
+    sandbox_for: Callable[[str], Sandbox]
+    worker_id: str
+    shutdown: Shutdown
+
+
+def execute_turn(deps: TurnDeps, payload: TurnPayload) -> str:
+    """Run one turn to its terminal event. Returns a short outcome label for logs and Flower."""
+    run_id, turn = payload.run_id, payload.turn
+    keys = deps.keys
+    try:
+        options = deps.store.options(run_id)
+    except RunNotFound:
+        log.warning("turn.unknown_run", extra={"run_id": run_id, "turn": turn})
+        return "unknown-run"
+
+    started_ttl = deps.settings.retention_s + deps.settings.run_lease_s
+    if not deps.redis.set(keys.turn_started(run_id, turn), deps.worker_id, nx=True, ex=started_ttl):
+        return _redelivered(deps, run_id, turn, options)
+
+    owner_key = keys.turn_owner(run_id, turn)
+    deps.redis.set(owner_key, deps.worker_id, ex=OWNER_TTL_S)
+    log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
+    try:
+        return _run(deps, payload, options)
+    finally:
+        _retry_redis(lambda: deps.redis.delete(owner_key))
+
+
+def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
+    run_id, turn, settings = payload.run_id, payload.turn, deps.settings
+    adapter = adapters.get(options.harness)
+    publisher = RedisStreamPublisher(
+        deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen
+    )
+    out = attempt.Publishing(publisher)
+    header = TurnStarted(harness=options.harness, attempt=1, input_chars=len(payload.input))
+
+    def refuse(error: SessionError, *, run_status: str = "idle") -> str:
+        out.send([header])
+        return _close(deps, payload, options, out, error, run_status=run_status, final_text=None)
+
+    if deps.redis.exists(deps.keys.cancel(run_id, turn)):
+        return refuse(session_error("the turn was cancelled before it started", "cancelled"))
+    try:
+        resolved = resolve(options, settings)
+        check_input(payload.input, settings)
+        secrets = resolve_secrets(options, settings)
+    except InvalidInput as exc:
+        return refuse(
+            session_error(str(exc), "invalid-input"), run_status=_status_after_refusal(turn)
+        )
+    out.publisher = RedisStreamPublisher(
+        deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
+    )
+
+    record = deps.store.get(run_id)
+    sandbox = deps.sandbox_for(resolved.sandbox)
+    lease_until = time.time() + settings.run_lease_s
+    try:
+        placement = sandbox.prepare(
+            RunSpec(
+                run_id=run_id,
+                image=resolved.image,
+                network=resolved.network,  # type: ignore[arg-type]
+                limits=Limits(settings.memory, settings.cpus, settings.pids),
+                user=settings.container_user,
+                read_only_root=settings.read_only_root,
+                workspace_key=options.workspace,
+                labels={
+                    "harness.worker": deps.worker_id,
+                    "harness.lease_until": f"{lease_until:.0f}",
+                },
+            )
+        )
+        sandbox.renew(run_id, lease_until)
+    except SandboxError as exc:
+        if turn == 1:
+            sandbox.teardown(run_id, keep_workspace=options.workspace is not None)
+        return refuse(
+            session_error(f"the sandbox could not be prepared: {exc}", "sandbox"),
+            run_status="failed" if turn == 1 else "idle",
+        )
+    deps.store.update(
+        run_id,
+        container_id=placement.container_id,
+        queue=settings.host_queue,
+        lease_until=lease_until,
+        sandbox=placement.backend,
+    )
+
+    request = _request(options, payload, placement, record, resolved.executable, secrets)
+    warning = adapter.policy_warning(request)
+    if warning and turn == 1:
+        deps.store.update(run_id, warnings=[warning])
+        log.warning("turn.policy_not_enforced", extra={"run_id": run_id, "warning": warning})
+
+    deadline = time.monotonic() + resolved.timeout_s
+    limits = attempt.Limits(
+        deadline, settings.idle_timeout_s, settings.exit_grace_s, settings.kill_grace_s
+    )
+    stop = _stop_check(deps, run_id, turn)
+
+    outcome, driver = _attempt(adapter, request, sandbox, placement, secrets, out, limits, stop, 1)
+    terminal = outcome.terminal
+    if (
+        isinstance(terminal, SessionError)
+        and request.resume_session
+        and getattr(driver.state, "resume_rejected", False)
+    ):
+        log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": turn})
+        replayed = _replay_text(deps.store.transcript(run_id))
+        fresh = dataclasses.replace(
+            request,
+            resume_session=None,
+            input=f"{replayed}{payload.input}" if replayed else payload.input,
+        )
+        if replayed:
+            out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
+        outcome, driver = _attempt(
+            adapter, fresh, sandbox, placement, secrets, out, limits, stop, 2
+        )
+        terminal = outcome.terminal
+
+    carry = getattr(driver.state, "carry", None)
+    final_text = terminal.text if isinstance(terminal, TurnComplete) else None
+    extra: dict[str, Any] = {"carry": carry} if carry else {}
+    return _close(
+        deps, payload, options, out, terminal, run_status="idle", final_text=final_text, extra=extra
+    )
+
+
+def _attempt(
+    adapter: Any,
+    request: TurnRequest,
+    sandbox: Sandbox,
+    placement: Placement,
+    secrets: dict[str, str],
+    out: attempt.Publishing,
+    limits: attempt.Limits,
+    stop: Callable[[], SessionError | None],
+    number: int,
+) -> tuple[attempt.Outcome, StreamDriver]:
+    driver = StreamDriver(adapter, request, attempt=number)
+    head = driver.start()
+    if number == 1:
+        out.send(head)
+    try:
+        command = adapter.build_command(request)
+    except ValueError as exc:
+        driver.fail(session_error(f"cannot build the command: {exc}", "invalid-input"))
+        assert driver.terminal is not None
+        return attempt.Outcome(driver.terminal, None, ""), driver
+    spec = ExecSpec(
+        argv=tuple(command.argv),
+        stdin=command.stdin,
+        env=dict(command.env),
+        files=dict(command.files),
+        cwd=command.cwd,
+    )
+    try:
+        process = sandbox.start(placement, spec, secrets)
+    except SandboxError as exc:
+        driver.fail(session_error(f"the harness could not be started: {exc}", "sandbox"))
+        assert driver.terminal is not None
+        return attempt.Outcome(driver.terminal, None, ""), driver
+    outcome = attempt.drive(process, driver, out, limits, stop)
+    return outcome, driver
+
+
+def _request(
+    options: RunOptions,
+    payload: TurnPayload,
+    placement: Placement,
+    record: dict[str, Any],
+    executable: str | None,
+    secrets: dict[str, str],
+) -> TurnRequest:
+    resume = options.resume_session if payload.turn == 1 else record.get("session_id") or None
+    return TurnRequest(
+        input=payload.input,
+        turn=payload.turn,
+        workspace=placement.workspace,
+        home=placement.home,
+        model=options.model,
+        system_prompt=options.system_prompt,
+        posture=options.posture,
+        allow=options.allow,
+        deny=options.deny,
+        resume_session=resume,
+        base_url=options.base_url,
+        executable=executable,
+        granted_env=frozenset(secrets),
+        carry=record.get("carry") or {},
+    )
+
+
+def _stop_check(deps: TurnDeps, run_id: str, turn: int) -> Callable[[], SessionError | None]:
+    cancel_key = deps.keys.cancel(run_id, turn)
+    owner_key = deps.keys.turn_owner(run_id, turn)
+    last_beat = [time.monotonic()]
+
+    def check() -> SessionError | None:
+        if deps.shutdown.expired():
+            return session_error("the worker is shutting down", "shutdown")
+        try:
+            if deps.redis.exists(cancel_key):
+                return session_error("the turn was cancelled", "cancelled")
+            now = time.monotonic()
+            if now - last_beat[0] >= OWNER_TTL_S / 3:
+                deps.redis.set(owner_key, deps.worker_id, ex=OWNER_TTL_S)
+                last_beat[0] = now
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # Redis is away: the turn goes on, its events wait in the publisher
+        return None
+
+    return check
+
+
+def _replay_text(transcript: list[dict[str, Any]]) -> str:
+    if not transcript:
+        return ""
+    parts = ["[The previous session could not be resumed. The conversation so far:]"]
+    for entry in transcript:
+        parts.append(f"[user]\n{entry.get('input', '')}")
+        if entry.get("output"):
+            parts.append(f"[assistant]\n{entry['output']}")
+    parts.append("[user]\n")
+    return "\n\n".join(parts)
+
+
+def _status_after_refusal(turn: int) -> str:
+    return "failed" if turn == 1 else "idle"
+
+
+def _close(
+    deps: TurnDeps,
+    payload: TurnPayload,
+    options: RunOptions,
+    out: attempt.Publishing,
+    terminal: Event,
+    *,
+    run_status: str,
+    final_text: str | None,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """Record the turn, then publish its terminal event. Survives a Redis outage."""
+    run_id, turn = payload.run_id, payload.turn
+    fields: dict[str, Any] = dict(extra or {})
+    for event in out.sessions:
+        fields["session_id"] = getattr(event, "session_id", None)
+        fields["resumed"] = getattr(event, "resumed", None)
+        if getattr(event, "model", None):
+            fields["model_reported"] = event.model  # type: ignore[attr-defined]
+    if isinstance(terminal, TurnComplete):
+        if terminal.session_id:
+            fields["session_id"] = terminal.session_id
+        if terminal.model:
+            fields["model_reported"] = terminal.model
+        fields["last_error"] = ""
+    elif isinstance(terminal, SessionError):
+        fields["last_error"] = f"{terminal.reason}: {terminal.error}"
+    _retry_redis(
+        lambda: deps.store.finish_turn(
+            run_id, turn, status=run_status, usage=out.usage.as_tuple(), fields=fields
+        )
+    )
+    if final_text is not None:
+        _retry_redis(lambda: deps.store.append_transcript(run_id, turn, payload.input, final_text))
+    out.send([terminal])
+    if not out.publisher.drain(REDIS_PATIENCE_S):
+        log.error(
+            "stream.lost", extra={"run_id": run_id, "turn": turn, "pending": out.publisher.pending}
+        )
+    if run_status == "failed":
+        _retry_redis(lambda: deps.store.expire(run_id, deps.settings.retention_s))
+    else:
+        _retry_redis(
+            lambda: deps.store.expire(run_id, deps.settings.retention_s + deps.settings.run_lease_s)
+        )
+    label = (
+        "completed"
+        if isinstance(terminal, TurnComplete)
+        else f"failed:{getattr(terminal, 'reason', '')}"
+    )
+    log.info("turn.finished", extra={"run_id": run_id, "turn": turn, "outcome": label})
+    return label
+
+
+def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) -> str:
+    """A turn some worker already took: finished, in flight, or orphaned by a dead worker."""
+    next_seq, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
+    if last_type in ("turn-complete", "session-error"):
+        log.info("turn.duplicate_ignored", extra={"run_id": run_id, "turn": turn})
+        return "duplicate"
+    if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+        log.info("turn.duplicate_in_flight", extra={"run_id": run_id, "turn": turn})
+        return "duplicate"
+    return close_lost_turn(deps, run_id, turn, options.harness, next_seq)
+
+
+def close_lost_turn(deps: TurnDeps, run_id: str, turn: int, harness: str, next_seq: int) -> str:
+    """Give a turn whose worker died its one terminal event (reason ``worker-lost``)."""
+    publisher = RedisStreamPublisher(
+        deps.redis, deps.keys, run_id, turn, maxlen=deps.settings.stream_maxlen, start_seq=next_seq
+    )
+    events: list[Event] = []
+    if next_seq == 0:
+        events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
+    events.append(session_error("the worker running this turn was lost", "worker-lost"))
+    deps.store.finish_turn(
+        run_id,
+        turn,
+        status="idle",
+        usage=(0, 0, 0, None),
+        fields={"last_error": "worker-lost: the worker running this turn was lost"},
+    )
+    publisher.publish(events)
+    publisher.drain(REDIS_PATIENCE_S)
+    log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
+    return "worker-lost"
+
+
+def _retry_redis(fn: Callable[[], Any], patience_s: float = REDIS_PATIENCE_S) -> Any:
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
