@@ -1,0 +1,99 @@
+"""Shared helpers for adapter tests: recorded fixtures, replay through the stream driver,
+golden expected events.
+
+Fixtures live in ``tests/fixtures/<harness-id>/``: ``<scenario>.ndjson`` (the harness's real
+stdout), optionally ``<scenario>.stderr.txt`` and ``<scenario>.meta.json`` (how it was
+recorded: ``exit_code`` and whatever else the recorder knows). The expected events of a
+scenario are ``<scenario>.events.json``; run the tests with ``UPDATE_GOLDEN=1`` to rewrite
+them, then review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from adapters.events import Event
+from adapters.protocol import Adapter, ExitInfo, TurnRequest
+from adapters.stream import StreamDriver
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def fixture_dir(harness_id: str) -> Path:
+    return FIXTURES / harness_id
+
+
+def scenarios(harness_id: str) -> list[str]:
+    """Every recorded scenario of a harness (the ``*.ndjson`` names, sorted)."""
+    return sorted(p.name.removesuffix(".ndjson") for p in fixture_dir(harness_id).glob("*.ndjson"))
+
+
+def stdout_bytes(harness_id: str, scenario: str) -> bytes:
+    return (fixture_dir(harness_id) / f"{scenario}.ndjson").read_bytes()
+
+
+def stdout_lines(harness_id: str, scenario: str) -> list[bytes]:
+    return [line for line in stdout_bytes(harness_id, scenario).splitlines() if line.strip()]
+
+
+def meta(harness_id: str, scenario: str) -> dict[str, Any]:
+    path = fixture_dir(harness_id) / f"{scenario}.meta.json"
+    if not path.exists():
+        return {}
+    loaded = json.loads(path.read_text(encoding="utf-8"))
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def stderr_text(harness_id: str, scenario: str) -> str:
+    path = fixture_dir(harness_id) / f"{scenario}.stderr.txt"
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def exit_info(harness_id: str, scenario: str, default_code: int | None = 0) -> ExitInfo:
+    """How the recorded process ended: ``exit_code`` from the meta file, else the default."""
+    code = meta(harness_id, scenario).get("exit_code", default_code)
+    return ExitInfo(
+        exit_code=code if isinstance(code, int) else None,
+        stderr_tail=stderr_text(harness_id, scenario),
+    )
+
+
+def replay(
+    adapter: Adapter,
+    request: TurnRequest,
+    data: bytes | list[bytes],
+    exit: ExitInfo,
+    chunk_size: int | None = None,
+) -> tuple[list[Event], StreamDriver]:
+    """Feed recorded stdout through a fresh driver (in ``chunk_size`` pieces if given)."""
+    if isinstance(data, list):
+        data = b"".join(line + b"\n" for line in data)
+    driver = StreamDriver(adapter, request)
+    events = driver.start()
+    step = chunk_size or max(len(data), 1)
+    for start in range(0, len(data), step):
+        events += driver.feed(data[start : start + step])
+    events += driver.finish(exit)
+    return events, driver
+
+
+def event_dicts(events: list[Event]) -> list[dict[str, Any]]:
+    return [{"type": event.type, "data": event.data()} for event in events]
+
+
+def check_golden(path: Path, actual: Any) -> None:
+    """Compare with the golden file; with ``UPDATE_GOLDEN=1`` rewrite it instead."""
+    rendered = json.dumps(actual, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(rendered, encoding="utf-8")
+        return
+    assert path.exists(), f"{path} is missing: run with UPDATE_GOLDEN=1 and review the diff"
+    expected = json.loads(path.read_text(encoding="utf-8"))
+    assert actual == expected, f"{path.name} differs (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def terminal_count(events: list[Event]) -> int:
+    return sum(1 for event in events if event.terminal)
