@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     allowed_images: CommaList = ()
     """Images a producer may name besides the configured ones."""
     allowed_networks: CommaList = ("none", "bridge")
-    allowed_executables: CommaList = ()
+    allowed_executables: CommaList = ("harness-demo",)
     grants: GrantMap = Field(default_factory=lambda: dict(DEFAULT_GRANTS))
     """Per harness, the grant names a producer may ask for: ``harness=A|B;harness2=C``."""
     max_memory: str = Field("8g", pattern=r"^[0-9]+[bkmg]?$")

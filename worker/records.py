@@ -53,8 +53,20 @@ redis.call('HSET', KEYS[1], 'status', 'running', 'current_turn', turn, 'updated_
 return {turn, status}
 """
 
-# Mark a turn finished only if it is still the run's current turn and the run is not ended.
+# Add a turn's usage to the totals (cost stays empty until a harness prices something), then
+# mark the turn finished if it is still the run's current turn and the run is not ended.
 _FINISH_TURN = """
+redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'cached_input_tokens', ARGV[6])
+if ARGV[7] ~= '' then
+  local cost = redis.call('HGET', KEYS[1], 'cost_usd')
+  if not cost or cost == '' then
+    redis.call('HSET', KEYS[1], 'cost_usd', ARGV[7])
+  else
+    redis.call('HINCRBYFLOAT', KEYS[1], 'cost_usd', ARGV[7])
+  end
+end
 local current = redis.call('HGET', KEYS[1], 'current_turn')
 if current ~= ARGV[1] then return 0 end
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -167,16 +179,11 @@ class RunStore:
         """Add the turn's usage to the run totals and set the run idle (or failed)."""
         key = self.keys.run(run_id)
         input_tokens, output_tokens, cached, cost = usage
-        pipe = self.redis.pipeline()
-        pipe.hincrby(key, "input_tokens", input_tokens)
-        pipe.hincrby(key, "output_tokens", output_tokens)
-        pipe.hincrby(key, "cached_input_tokens", cached)
-        if cost is not None:
-            pipe.hincrbyfloat(key, "cost_usd", cost)
         if fields:
-            pipe.hset(key, mapping={k: _encode(v) for k, v in fields.items()})
-        pipe.execute()
-        return bool(self._finish(keys=[key], args=[str(turn), status, time.time()]))
+            self.redis.hset(key, mapping={k: _encode(v) for k, v in fields.items()})
+        args = [str(turn), status, time.time(), input_tokens, output_tokens, cached]
+        args.append("" if cost is None else repr(float(cost)))
+        return bool(self._finish(keys=[key], args=args))
 
     def expire(self, run_id: str, seconds: int) -> None:
         pipe = self.redis.pipeline()

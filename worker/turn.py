@@ -373,7 +373,14 @@ def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) ->
     return close_lost_turn(deps, run_id, turn, options.harness, next_seq)
 
 
-def close_lost_turn(deps: TurnDeps, run_id: str, turn: int, harness: str, next_seq: int) -> str:
+def close_lost_turn(
+    deps: TurnDeps,
+    run_id: str,
+    turn: int,
+    harness: str,
+    next_seq: int,
+    error: str = "the worker running this turn was lost",
+) -> str:
     """Give a turn whose worker died its one terminal event (reason ``worker-lost``)."""
     publisher = RedisStreamPublisher(
         deps.redis, deps.keys, run_id, turn, maxlen=deps.settings.stream_maxlen, start_seq=next_seq
@@ -381,13 +388,13 @@ def close_lost_turn(deps: TurnDeps, run_id: str, turn: int, harness: str, next_s
     events: list[Event] = []
     if next_seq == 0:
         events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
-    events.append(session_error("the worker running this turn was lost", "worker-lost"))
+    events.append(session_error(error, "worker-lost"))
     deps.store.finish_turn(
         run_id,
         turn,
         status="idle",
         usage=(0, 0, 0, None),
-        fields={"last_error": "worker-lost: the worker running this turn was lost"},
+        fields={"last_error": f"worker-lost: {error}"},
     )
     publisher.publish(events)
     publisher.drain(REDIS_PATIENCE_S)

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""harness-demo: a harness that speaks the stdio-json protocol, for the demo and the tests.
+
+Standard library only, so it runs in the tiny demo image. It reads the turn input on stdin.
+Plain input gets a plain answer: a session line, narration, one activity, usage, and a
+``complete`` line. Input lines that start with ``@`` are a script instead, run in order:
+
+  @text WORDS            an assistant text line
+  @activity KIND DESC    a sandbox activity (command, file, tool, other)
+  @permission DESC       a permission request
+  @usage IN OUT [COST]   a usage line
+  @sleep SECONDS         pause (a slow or hanging harness)
+  @stream N [DELAY]      N text lines, DELAY seconds apart
+  @flood N               N small usage-free text lines as fast as possible
+  @stamp N               N text lines carrying the wall clock (for latency benchmarks)
+  @bigline BYTES         one line of that many bytes (not valid JSON at the end)
+  @garbage               a non-JSON line, a JSON array, and invalid UTF-8
+  @stderr TEXT           a line on stderr
+  @env NAME              print the named environment variable (to test secret isolation)
+  @run CMD ARGS...       run a command and report it as activity with its output
+  @ignore-term           ignore SIGTERM from now on
+  @fork N                start N children that ignore SIGTERM and sleep
+  @error MESSAGE         an error line (terminal)
+  @complete TEXT         a complete line (terminal)
+  @exit CODE             exit now, without a terminal line
+  @twice                 two complete lines (the second must be dropped)
+
+Sessions live in $HOME/.demo-sessions: a resumed turn (HARNESS_RESUME_SESSION) continues
+the named session when it exists and fails with code ``session-not-found`` when it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def emit(obj: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def session_dir() -> Path:
+    return Path(os.environ.get("HOME", "/tmp")) / ".demo-sessions"
+
+
+def open_session() -> tuple[str, int]:
+    """The session id and how many turns it has seen; exits when a resume is refused."""
+    wanted = os.environ.get("HARNESS_RESUME_SESSION")
+    folder = session_dir()
+    if wanted:
+        path = folder / wanted
+        if not path.exists():
+            emit({"type": "error", "message": f"no session {wanted}", "code": "session-not-found"})
+            sys.exit(1)
+        turns = int(path.read_text() or "0")
+        return wanted, turns
+    return "demo-" + uuid.uuid4().hex[:12], 0
+
+
+def save_session(session_id: str, turns: int) -> None:
+    folder = session_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / session_id).write_text(str(turns))
+
+
+def plain_answer(text: str, turns: int) -> str:
+    words = text.split()
+    emit({"type": "text", "text": f"Thinking about your {len(words)}-word message…"})
+    time.sleep(0.2)
+    emit({"type": "activity", "kind": "command", "description": "wc -w input.txt"})
+    time.sleep(0.2)
+    answer = f"You said: {text.strip()[:200]}" + (
+        f" (turn {turns} of this session)" if turns else ""
+    )
+    emit({"type": "text", "text": answer})
+    emit({"type": "usage", "input_tokens": len(words) + 12, "output_tokens": 9, "cost_usd": 0.0})
+    return answer
+
+
+def run_script(lines: list[str]) -> None:
+    for raw in lines:
+        name, _, rest = raw[1:].partition(" ")
+        args = rest.split()
+        if name == "text":
+            emit({"type": "text", "text": rest})
+        elif name == "activity":
+            emit(
+                {
+                    "type": "activity",
+                    "kind": args[0] if args else "other",
+                    "description": " ".join(args[1:]),
+                }
+            )
+        elif name == "permission":
+            emit(
+                {
+                    "type": "permission",
+                    "id": uuid.uuid4().hex[:8],
+                    "description": rest,
+                    "command": None,
+                }
+            )
+        elif name == "usage":
+            cost = float(args[2]) if len(args) > 2 else None
+            emit(
+                {
+                    "type": "usage",
+                    "input_tokens": int(args[0]),
+                    "output_tokens": int(args[1]),
+                    "cost_usd": cost,
+                }
+            )
+        elif name == "sleep":
+            time.sleep(float(args[0]))
+        elif name == "stream":
+            delay = float(args[1]) if len(args) > 1 else 0.1
+            for i in range(int(args[0])):
+                emit({"type": "text", "text": f"line {i}"})
+                time.sleep(delay)
+        elif name == "flood":
+            out = sys.stdout
+            for i in range(int(args[0])):
+                out.write('{"type":"text","text":"flood %d"}\n' % i)
+            out.flush()
+        elif name == "stamp":
+            for i in range(int(args[0])):
+                emit({"type": "text", "text": f"{time.time():.6f} {i}"})
+                time.sleep(float(args[1]) if len(args) > 1 else 0.005)
+        elif name == "bigline":
+            size = int(args[0])
+            chunk = b"x" * (1 << 20)
+            sys.stdout.buffer.write(b'{"type":"text","text":"')
+            while size > 0:
+                sys.stdout.buffer.write(chunk[: min(size, len(chunk))])
+                size -= len(chunk)
+            sys.stdout.buffer.write(b"\n")
+            sys.stdout.buffer.flush()
+        elif name == "garbage":
+            sys.stdout.write("this is a banner, not JSON\n[1, 2, 3]\n")
+            sys.stdout.flush()
+            sys.stdout.buffer.write(b'{"type":"text","text":"bad \xff\xfe bytes"}\n')
+            sys.stdout.buffer.flush()
+        elif name == "stderr":
+            sys.stderr.write(rest + "\n")
+            sys.stderr.flush()
+        elif name == "env":
+            emit({"type": "text", "text": f"{args[0]}={os.environ.get(args[0], '<unset>')}"})
+        elif name == "run":
+            result = subprocess.run(args, capture_output=True, text=True, check=False)
+            emit({"type": "activity", "kind": "command", "description": " ".join(args)})
+            emit({"type": "text", "text": (result.stdout + result.stderr).strip()})
+        elif name == "ignore-term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif name == "fork":
+            for _ in range(int(args[0])):
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)",
+                    ],
+                )
+        elif name == "error":
+            emit({"type": "error", "message": rest or "scripted failure"})
+        elif name == "complete":
+            emit({"type": "complete", "text": rest})
+        elif name == "exit":
+            sys.exit(int(args[0]) if args else 0)
+        elif name == "twice":
+            emit({"type": "complete", "text": "first"})
+            emit({"type": "complete", "text": "second"})
+
+
+def main() -> None:
+    data = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    session_id, turns = open_session()
+    turns += 1
+    save_session(session_id, turns)
+    emit({"type": "session", "id": session_id, "model": "demo-1"})
+    script = [line for line in data.splitlines() if line.startswith("@")]
+    if script:
+        run_script(script)
+        if not any(line.split()[0] in ("@complete", "@error", "@twice") for line in script):
+            emit({"type": "complete", "text": "script done"})
+        return
+    answer = plain_answer(data, turns if turns > 1 else 0)
+    emit({"type": "complete", "text": answer})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The Celery app ``worker.app``, and every Celery setting we use, in this one module.
+
+Ack policy: turns are acknowledged late (after they finish) so a turn whose worker dies is
+delivered again; a redelivered turn is made harmless by ``worker.turn`` (a turn-started mark
+in Redis means the harness never runs twice, and an orphaned turn gets one ``worker-lost``
+terminal). The broker's visibility timeout is set above the longest turn a producer may ask
+for, so a slow turn is never redelivered while it still runs. Prefetch is 1 per pool slot:
+turns are long, and a prefetched turn would wait behind a busy one.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from adapters import HARNESS_IDS
+from config import Settings, get_settings
+
+TASK_RUN_TURN = "harness.run_turn"
+TASK_END_RUN = "harness.end_run"
+TASK_REAP = "harness.reap"
+TASK_REAP_HOST = "harness.reap_host"
+
+
+def harness_queue(harness: str) -> str:
+    return f"harness.{harness}"
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    consumed = settings.harness_queues or HARNESS_IDS
+    queues = [Queue(harness_queue(h)) for h in consumed] + [Queue(settings.host_queue)]
+    app = Celery("harness-worker", broker=settings.broker_url, include=["worker.tasks"])
+    app.conf.update(
+        task_queues=queues,
+        task_default_queue=harness_queue("stdio-json"),
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        task_track_started=True,
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        worker_prefetch_multiplier=1,
+        worker_pool=settings.pool,
+        worker_concurrency=settings.concurrency,
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "socket_connect_timeout": 5,
+        },
+        beat_schedule={
+            "reap": {"task": TASK_REAP, "schedule": settings.reap_interval_s},
+        },
+        timezone="UTC",
+    )
+    return app
+
+
+app = create_app()

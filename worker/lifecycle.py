@@ -1,0 +1,106 @@
+"""Ending runs and reaping what crashes leave behind. Knows nothing of Celery."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sandbox.base import Sandbox, SandboxError
+from worker.errors import RunNotFound
+from worker.publisher import last_seq
+from worker.records import FINISHED, IN_FLIGHT
+from worker.turn import TurnDeps, close_lost_turn
+
+log = logging.getLogger(__name__)
+
+
+def end_run(deps: TurnDeps, run_id: str) -> bool:
+    """Tear a run down on this host: process, sandbox, workspace (per scope). Idempotent."""
+    try:
+        record = deps.store.get(run_id)
+    except RunNotFound:
+        return False
+    options = record.get("options") or {}
+    backend = record.get("sandbox") or deps.settings.sandbox
+    try:
+        sandbox = deps.sandbox_for(backend)
+        sandbox.teardown(run_id, keep_workspace=bool(options.get("workspace")))
+    except SandboxError as exc:
+        log.warning("run.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
+    deps.redis.delete(deps.keys.credential(run_id))
+    deps.store.update(run_id, status="ended")
+    deps.store.expire(run_id, deps.settings.retention_s)
+    deps.redis.srem(deps.keys.runs_index(), run_id)
+    log.info("run.ended", extra={"run_id": run_id})
+    return True
+
+
+@dataclass
+class ReapReport:
+    sandboxes: list[str] = field(default_factory=list)
+    lost_turns: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"removed sandbox of run {r}" for r in self.sandboxes]
+        out += [f"closed turn {t} (worker lost)" for t in self.lost_turns]
+        return out
+
+
+def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None:
+    """Remove this host's sandboxes whose run ended, is unknown, or whose lease expired."""
+    now = time.time()
+    for found in sandbox.managed():
+        raw = deps.redis.hgetall(deps.keys.run(found.run_id))
+        status = raw.get("status") if raw else None
+        lease = found.lease_until
+        if raw and raw.get("lease_until"):
+            lease = max(lease or 0.0, float(raw["lease_until"]))
+        expired = lease is not None and lease < now
+        if status is None or status in FINISHED or (expired and status not in IN_FLIGHT):
+            keep = bool(raw and '"workspace": null' not in raw.get("options", '"workspace": null'))
+            sandbox.teardown(found.run_id, keep_workspace=keep)
+            report.sandboxes.append(found.run_id)
+            if raw and status not in FINISHED:
+                deps.store.update(found.run_id, status="ended", last_error="lease expired")
+            log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
+
+
+def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
+    """Give every in-flight turn whose worker stopped heartbeating its ``worker-lost`` end."""
+    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+        raw = deps.redis.hgetall(deps.keys.run(run_id))
+        if not raw:
+            deps.redis.srem(deps.keys.runs_index(), run_id)
+            report.forgotten.append(run_id)
+            continue
+        if raw.get("status") not in IN_FLIGHT:
+            continue
+        turn = int(raw.get("current_turn") or 0)
+        if turn < 1:
+            continue
+        if not deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+            continue  # still queued: not lost
+        if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+            continue  # its worker is alive
+        next_seq, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
+        if last_type in ("turn-complete", "session-error"):
+            continue
+        close_lost_turn(deps, run_id, turn, raw.get("harness", ""), next_seq)
+        report.lost_turns.append(f"{run_id}/{turn}")
+
+
+def reap_here() -> list[str]:
+    """One reaper pass over this host's sandboxes and every run's in-flight turns."""
+    from worker import runtime
+
+    deps = runtime.deps()
+    report = ReapReport()
+    for backend in ("docker", "local"):
+        try:
+            reap_sandboxes(deps, deps.sandbox_for(backend), report)
+        except SandboxError as exc:
+            log.info("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
+    close_lost_turns(deps, report)
+    return report.lines()

@@ -1,0 +1,66 @@
+"""Per-process dependencies of a worker: Redis, the run store, sandboxes, shutdown state."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import redis
+
+from config import Settings, get_settings
+from sandbox.base import Sandbox, SandboxError
+from worker.keys import Keys
+from worker.records import RunStore
+from worker.turn import Shutdown, TurnDeps
+
+_lock = threading.Lock()
+_sandboxes: dict[str, Sandbox] = {}
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(
+        settings.redis_url,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        health_check_interval=15,
+    )
+
+
+def make_sandbox(backend: str, settings: Settings) -> Sandbox:
+    root = Path(settings.workspace_root)
+    if backend == "local":
+        from sandbox.local import LocalSandbox
+
+        return LocalSandbox(root / "local")
+    if backend == "docker":
+        from sandbox.docker import DockerSandbox
+
+        return DockerSandbox(root / "docker", base_url=settings.docker_url)
+    raise SandboxError(f"unknown sandbox backend {backend!r}")
+
+
+def sandbox_for(backend: str) -> Sandbox:
+    with _lock:
+        if backend not in _sandboxes:
+            _sandboxes[backend] = make_sandbox(backend, get_settings())
+        return _sandboxes[backend]
+
+
+@lru_cache(maxsize=1)
+def deps() -> TurnDeps:
+    settings = get_settings()
+    client = redis_client(settings)
+    keys = Keys(settings.key_prefix)
+    return TurnDeps(
+        settings=settings,
+        redis=client,
+        keys=keys,
+        store=RunStore(client, keys, settings.retention_s),
+        sandbox_for=sandbox_for,
+        worker_id=f"{socket.gethostname()}:{os.getpid()}",
+        shutdown=Shutdown(settings.shutdown_grace_s),
+    )

@@ -1,0 +1,68 @@
+"""Celery tasks: decode the payload, call a function that knows nothing of Celery."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from celery import Task
+from celery.signals import worker_ready, worker_shutting_down
+
+from worker import lifecycle, runtime
+from worker.app import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST, app
+from worker.publisher import last_seq
+from worker.spec import TurnPayload
+from worker.turn import close_lost_turn, execute_turn
+
+log = logging.getLogger(__name__)
+
+
+@app.task(name="harness.run_turn", bind=True, acks_late=True, max_retries=30)
+def run_turn(self: Task, payload: dict[str, Any]) -> str:
+    turn = TurnPayload.model_validate(payload)
+    deps = runtime.deps()
+    try:
+        return execute_turn(deps, turn)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # Redis unreachable before the turn could be taken: try again shortly.
+        raise self.retry(exc=exc, countdown=2) from exc
+    except Exception as exc:
+        log.exception("turn.internal_error", extra={"run_id": turn.run_id, "turn": turn.turn})
+        next_seq, last_type = last_seq(deps.redis, deps.keys, turn.run_id, turn.turn)
+        if last_type not in ("turn-complete", "session-error"):
+            close_lost_turn(
+                deps, turn.run_id, turn.turn, "", next_seq, error=f"internal error: {exc}"
+            )
+        return "internal-error"
+
+
+@app.task(name=TASK_END_RUN, acks_late=True)
+def end_run(run_id: str) -> bool:
+    return lifecycle.end_run(runtime.deps(), run_id)
+
+
+@app.task(name=TASK_REAP_HOST)
+def reap_host() -> list[str]:
+    return lifecycle.reap_here()
+
+
+@app.task(name=TASK_REAP)
+def reap() -> int:
+    """Fan the reaper out to every host that has a live worker."""
+    deps = runtime.deps()
+    hosts = deps.redis.hkeys(deps.keys.hosts()) or [deps.settings.host_queue]
+    for queue in hosts:
+        reap_host.apply_async(queue=queue)
+    return len(hosts)
+
+
+@worker_ready.connect
+def _announce(**_: object) -> None:
+    deps = runtime.deps()
+    deps.redis.hset(deps.keys.hosts(), deps.settings.host_queue, deps.worker_id)
+
+
+@worker_shutting_down.connect
+def _shutting_down(**_: object) -> None:
+    runtime.deps().shutdown.request()
