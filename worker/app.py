@@ -11,7 +11,7 @@ turns are long, and a prefetched turn would wait behind a busy one.
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu.entity import Queue
 
 from adapters import HARNESS_IDS
 from config import Settings, get_settings

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from adapters.events import Event, SessionError, TurnComplete, Usage, session_error
+from adapters.events import Event, Session, SessionError, TurnComplete, Usage, session_error
 from adapters.protocol import ExitInfo
 from adapters.stream import StreamDriver
 from sandbox.base import Process
@@ -62,14 +62,14 @@ class Publishing:
     def __init__(self, publisher: RedisStreamPublisher) -> None:
         self.publisher = publisher
         self.usage = UsageTotals()
-        self.sessions: list[Event] = []
+        self.sessions: list[Session] = []
         self.text_parts: list[str] = []
 
     def send(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, Usage):
                 self.usage.add(event)
-            elif event.type == "session":
+            elif isinstance(event, Session):
                 self.sessions.append(event)
         self.publisher.publish(events)
 

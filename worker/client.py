@@ -20,7 +20,7 @@ from adapters.events import TERMINAL_TYPES, TurnStarted, session_error
 from config import Settings, load_settings
 from worker.app import TASK_END_RUN, TASK_RUN_TURN, create_app, harness_queue
 from worker.errors import HarnessError, RunNotFound, Unavailable
-from worker.keys import Keys
+from worker.keys import Keys, SyncRedis
 from worker.policy import check_input, resolve
 from worker.publisher import RedisStreamPublisher, last_seq
 from worker.records import IN_FLIGHT, RunStore
@@ -79,7 +79,7 @@ class HarnessClient:
     def __init__(self, settings: Settings | None = None, *, celery_app: Celery | None = None):
         self.settings = settings or load_settings()
         self.keys = Keys(self.settings.key_prefix)
-        self.redis = redis_client(self.settings)
+        self.redis: SyncRedis = redis_client(self.settings)
         self.store = RunStore(self.redis, self.keys, self.settings.retention_s)
         self._app = celery_app
 

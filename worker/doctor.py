@@ -42,7 +42,7 @@ def _redis(settings: Settings) -> Check:
 
 
 def _broker(settings: Settings) -> Check:
-    from kombu import Connection
+    from kombu.connection import Connection
 
     try:
         with Connection(settings.broker_url, connect_timeout=3) as conn:

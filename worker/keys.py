@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+#: A synchronous ``redis.Redis`` with ``decode_responses=True``. redis-py annotates every
+#: command as ``Awaitable[T] | T`` (shared with its asyncio client), which turns correct
+#: synchronous code into type errors, so the client is typed as Any at our seams.
+SyncRedis: TypeAlias = Any
 
 
 @dataclass(frozen=True)

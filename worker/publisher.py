@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 import redis
 
 from adapters.events import Event
-from worker.keys import Keys
+from worker.keys import Keys, SyncRedis
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class RedisStreamPublisher:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: SyncRedis,
         keys: Keys,
         run_id: str,
         turn: int,
@@ -139,14 +139,14 @@ class RedisStreamPublisher:
         return True
 
 
-def last_seq(client: redis.Redis, keys: Keys, run_id: str, turn: int) -> tuple[int, str | None]:
+def last_seq(client: SyncRedis, keys: Keys, run_id: str, turn: int) -> tuple[int, str | None]:
     """The next free seq of a turn, and the type of its last event (None if it has none)."""
     entries = client.xrevrange(
         keys.events(run_id), max=f"{turn}-18446744073709551615", min=f"{turn}-0", count=1
     )
     if not entries:
         return 0, None
-    entry_id, fields = entries[0]  # type: ignore[index]
+    entry_id, fields = entries[0]
     entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     kind = fields.get("type") if isinstance(fields, dict) else None
     return int(str(entry_id).split("-")[1]) + 1, kind

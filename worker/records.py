@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from worker.errors import RunBusy, RunEnded, RunNotFound
-from worker.keys import Keys
+from worker.keys import Keys, SyncRedis
 from worker.spec import RunOptions
 
 CONTRACT_FIELDS = (
@@ -101,7 +101,7 @@ def decode(raw: dict[str, str]) -> dict[str, Any]:
 
 @dataclass
 class RunStore:
-    redis: redis.Redis
+    redis: SyncRedis
     keys: Keys
     retention_s: int
 
@@ -135,12 +135,12 @@ class RunStore:
             "carry": "{}",
         }
         pipe = self.redis.pipeline()
-        pipe.hset(self.keys.run(run_id), mapping=fields)  # type: ignore[arg-type]
+        pipe.hset(self.keys.run(run_id), mapping=fields)
         pipe.sadd(self.keys.runs_index(), run_id)
         pipe.execute()
 
     def raw(self, run_id: str) -> dict[str, str]:
-        data: dict[str, str] = self.redis.hgetall(self.keys.run(run_id))  # type: ignore[assignment]
+        data: dict[str, str] = self.redis.hgetall(self.keys.run(run_id))
         if not data:
             raise RunNotFound(run_id)
         return data
@@ -196,7 +196,7 @@ class RunStore:
         self.redis.rpush(self.keys.transcript(run_id), entry)
 
     def transcript(self, run_id: str) -> list[dict[str, Any]]:
-        raw: list[str] = self.redis.lrange(self.keys.transcript(run_id), 0, -1)  # type: ignore[assignment]
+        raw: list[str] = self.redis.lrange(self.keys.transcript(run_id), 0, -1)
         return [json.loads(item) for item in raw]
 
 

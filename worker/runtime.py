@@ -12,7 +12,7 @@ import redis
 
 from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
-from worker.keys import Keys
+from worker.keys import Keys, SyncRedis
 from worker.records import RunStore
 from worker.turn import Shutdown, TurnDeps
 
@@ -20,7 +20,7 @@ _lock = threading.Lock()
 _sandboxes: dict[str, Sandbox] = {}
 
 
-def redis_client(settings: Settings) -> redis.Redis:
+def redis_client(settings: Settings) -> SyncRedis:
     return redis.Redis.from_url(
         settings.redis_url,
         decode_responses=True,
@@ -39,7 +39,8 @@ def make_sandbox(backend: str, settings: Settings) -> Sandbox:
     if backend == "docker":
         from sandbox.docker import DockerSandbox
 
-        return DockerSandbox(root / "docker", base_url=settings.docker_url)
+        docker_sandbox: Sandbox = DockerSandbox(root / "docker", base_url=settings.docker_url)
+        return docker_sandbox
     raise SandboxError(f"unknown sandbox backend {backend!r}")
 
 

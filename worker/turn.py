@@ -35,7 +35,7 @@ from config import Settings
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
 from worker import attempt
 from worker.errors import InvalidInput, RunNotFound
-from worker.keys import Keys
+from worker.keys import Keys, SyncRedis
 from worker.policy import check_input, resolve, resolve_secrets
 from worker.publisher import Masker, RedisStreamPublisher, last_seq
 from worker.records import RunStore
@@ -70,7 +70,7 @@ class Shutdown:
 @dataclass
 class TurnDeps:
     settings: Settings
-    redis: redis.Redis
+    redis: SyncRedis
     keys: Keys
     store: RunStore
     sandbox_for: Callable[[str], Sandbox]
@@ -321,11 +321,11 @@ def _close(
     """Record the turn, then publish its terminal event. Survives a Redis outage."""
     run_id, turn = payload.run_id, payload.turn
     fields: dict[str, Any] = dict(extra or {})
-    for event in out.sessions:
-        fields["session_id"] = getattr(event, "session_id", None)
-        fields["resumed"] = getattr(event, "resumed", None)
-        if getattr(event, "model", None):
-            fields["model_reported"] = event.model  # type: ignore[attr-defined]
+    for session in out.sessions:
+        fields["session_id"] = session.session_id
+        fields["resumed"] = session.resumed
+        if session.model:
+            fields["model_reported"] = session.model
     if isinstance(terminal, TurnComplete):
         if terminal.session_id:
             fields["session_id"] = terminal.session_id
