@@ -41,6 +41,11 @@ import uuid
 from pathlib import Path
 
 
+STUBBORN_CHILD = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+)
+
+
 def emit(obj: dict[str, object]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -127,7 +132,7 @@ def run_script(lines: list[str]) -> None:
         elif name == "flood":
             out = sys.stdout
             for i in range(int(args[0])):
-                out.write('{"type":"text","text":"flood %d"}\n' % i)
+                out.write(f'{{"type":"text","text":"flood {i}"}}\n')
             out.flush()
         elif name == "stamp":
             for i in range(int(args[0])):
@@ -161,11 +166,7 @@ def run_script(lines: list[str]) -> None:
         elif name == "fork":
             for _ in range(int(args[0])):
                 subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)",
-                    ],
+                    [sys.executable, "-c", STUBBORN_CHILD],
                 )
         elif name == "error":
             emit({"type": "error", "message": rest or "scripted failure"})

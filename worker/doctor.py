@@ -91,8 +91,7 @@ def _docker(settings: Settings) -> list[Check]:
 def collect(settings: Settings | None = None) -> list[Check]:
     settings = settings or load_settings()
     checks = [_redis(settings), _broker(settings)]
-    if settings.sandbox == "docker" or True:
-        checks += _docker(settings)
+    checks += _docker(settings)
     if "host" in settings.allowed_networks or "*" in settings.allowed_networks:
         checks.append(Check("policy", True, "producers may ask for host networking"))
     return checks

@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.keys import Keys, SyncRedis
 from worker.spec import RunOptions
