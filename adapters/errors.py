@@ -8,7 +8,8 @@ field, an error line, a stderr tail) and hands the status and text here. Pure fu
   text says the quota or credits are gone, 529 rate-limited, 5xx harness-error but
   retryable); then the text (``overloaded``, ``insufficient_quota``,
   ``RESOURCE_EXHAUSTED``, ``UNAUTHENTICATED``, ``invalid api key``...); else
-  ``harness-error``, not retryable.
+  ``harness-error``, retryable only when the API could not be reached (connection refused,
+  reset, timed out).
 * :func:`status_in` — the first HTTP error status a vendor message names (``401
   Unauthorized``, ``API Error: 429``, ``"code":503``, ``status 500``), or None.
 * :func:`retry_after_in` — seconds to wait when the text says (``retry-after: 30``,
@@ -69,6 +70,12 @@ _AUTH = re.compile(
 )
 
 
+_TRANSIENT = re.compile(
+    r"ECONNREFUSED|ECONNRESET|ETIMEDOUT|connection (?:refused|reset|failed|error)|timed out",
+    re.I,
+)
+
+
 def status_in(text: str) -> int | None:
     """The HTTP error status a vendor message names, if any."""
     for pattern in _STATUS_PATTERNS:
@@ -121,7 +128,8 @@ def classify(
     if status is not None and status >= 500:
         # A server fault the harness already retried: trying the turn again later may work.
         return Classification("harness-error", True, retry_after_s)
-    return Classification("harness-error", False, retry_after_s)
+    # The API could not be reached: nothing the harness decided, so worth another try.
+    return Classification("harness-error", bool(_TRANSIENT.search(text)), retry_after_s)
 
 
 def error_event(

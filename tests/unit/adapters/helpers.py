@@ -97,3 +97,59 @@ def check_golden(path: Path, actual: Any) -> None:
 
 def terminal_count(events: list[Event]) -> int:
     return sum(1 for event in events if event.terminal)
+
+
+def assert_stream_rules(
+    adapter: Adapter, request: TurnRequest, data: bytes | list[bytes], exit: ExitInfo
+) -> list[Event]:
+    """The rules every adapter must keep on any input: the mapper never raises, the turn
+    starts with ``turn-started`` and ends with exactly one terminal event, its last."""
+    events, driver = replay(adapter, request, data, exit)
+    assert driver.counters.mapper_errors == 0, driver.last_mapper_error
+    assert events[0].type == "turn-started"
+    assert terminal_count(events) == 1
+    assert events[-1].terminal
+    return events
+
+
+def json_values() -> Any:
+    """A hypothesis strategy for arbitrary JSON values (nested a little)."""
+    from hypothesis import strategies as st
+
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**40), max_value=2**40)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=20)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+
+
+def mutated(message: dict[str, Any]) -> Any:
+    """A hypothesis strategy: a real message with some values (top level or one level
+    down) replaced by arbitrary JSON, or some keys removed."""
+    from hypothesis import strategies as st
+
+    keys = sorted(message)
+
+    @st.composite
+    def build(draw: Any) -> dict[str, Any]:
+        out = json.loads(json.dumps(message))
+        for key in draw(st.lists(st.sampled_from(keys), max_size=3, unique=True)):
+            if draw(st.booleans()):
+                out.pop(key, None)
+            elif isinstance(out.get(key), dict) and out[key] and draw(st.booleans()):
+                inner = sorted(out[key])
+                out[key][draw(st.sampled_from(inner))] = draw(json_values())
+            else:
+                out[key] = draw(json_values())
+        return out
+
+    return build()

@@ -79,3 +79,8 @@ def test_error_event_builds_classified_session_error() -> None:
     assert event.retryable is True
     assert event.exit_code == 1
     assert event.stderr_tail == "tail"
+
+
+def test_classify_unreachable_api_is_retryable_harness_error() -> None:
+    found = classify("API Error: Connection refused (ECONNREFUSED)")
+    assert (found.reason, found.retryable) == ("harness-error", True)

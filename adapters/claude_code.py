@@ -1,0 +1,281 @@
+"""claude-code: ``claude -p --output-format stream-json --verbose``; fixtures from 2.1.328."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.errors import classify, error_event
+from adapters.events import (
+    AssistantText,
+    Event,
+    PermissionRequest,
+    SandboxActivity,
+    Session,
+    TurnComplete,
+    Usage,
+    session_error,
+)
+from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+
+HARNESS_ID = "claude-code"
+
+CAPABILITIES = Capabilities(
+    session_resume=True,
+    system_prompt=True,
+    permission_policy="full",
+    permission_hooks=False,
+    mid_turn_cancel=True,
+    usage_reporting=True,
+    cost_reporting=True,
+    model_selection=True,
+    model_reporting=True,
+    mcp_client=False,
+)
+
+# Messages we map: system (init, api_retry, permission_denied), assistant (text / tool_use
+# blocks, message.model), result (is_error, result, usage, total_cost_usd,
+# permission_denials, api_error_status, errors). Everything else is ignored.
+_STALE = re.compile(r"No conversation found with session ID", re.I)
+_FILE_TOOLS = {"Edit", "MultiEdit", "Write", "NotebookEdit"}
+_COMMAND_TOOLS = {"Bash", "PowerShell"}
+# The CLI's own stand-in for an answer it never got (API errors): not the model used.
+_SYNTHETIC_MODEL = "<synthetic>"
+
+
+@dataclass
+class State:
+    offered_session: str | None
+    session_id: str | None = None
+    model: str | None = None
+    resume_rejected: bool = False
+    session_sent: bool = False
+    api_error: str | None = None
+    retry_delay_s: float | None = None
+    tool_inputs: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    denied: set[str] = field(default_factory=set)
+    carry: dict[str, Any] = field(default_factory=dict)
+
+
+def new_state(request: TurnRequest) -> State:
+    return State(offered_session=request.resume_session)
+
+
+def build_command(request: TurnRequest) -> Command:
+    """The prompt goes on stdin: ``claude -p`` with no prompt argument reads it to EOF, so a
+    1 MiB input or one starting with ``-`` needs no argv. The system prompt travels as a file
+    (``--append-system-prompt-file``: appended to Claude Code's own prompt, no argv limit)."""
+    argv = [request.executable or "claude", "-p", "--output-format", "stream-json", "--verbose"]
+    files: dict[str, str] = {}
+    env = {"DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1"}
+    if request.resume_session:
+        argv += ["--resume", request.resume_session]
+    if request.model:
+        argv += ["--model", request.model]
+    if request.system_prompt:
+        path = f"{request.home.rstrip('/')}/.harness/claude-system-prompt.md"
+        files[path] = request.system_prompt
+        argv += ["--append-system-prompt-file", path]
+    if request.posture == "dangerous":
+        argv.append("--dangerously-skip-permissions")
+        # 2.1.328 refuses the skip flag as root unless told it is sandboxed; the dangerous
+        # posture is the producer saying exactly that.
+        env["IS_SANDBOX"] = "1"
+    else:
+        # strict: nothing needs asking is allowed, the rest is denied (no one answers in -p);
+        # auto: file edits in the workspace are accepted too. Commands beyond the read-only
+        # ones need an --allowedTools pattern in both.
+        argv += ["--permission-mode", "dontAsk" if request.posture == "strict" else "acceptEdits"]
+    # Both flags take a variable number of values: each pattern is one argv element, and no
+    # positional argument follows them.
+    if request.allow:
+        argv += ["--allowedTools", *request.allow]
+    if request.deny:
+        argv += ["--disallowedTools", *request.deny]
+    if request.base_url:
+        env["ANTHROPIC_BASE_URL"] = request.base_url
+    return Command(
+        argv=tuple(argv),
+        stdin=request.input.encode("utf-8"),
+        env=env,
+        files=files,
+        cwd=request.workspace,
+    )
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _session(state: State) -> list[Event]:
+    if state.session_sent or state.session_id is None:
+        return []
+    state.session_sent = True
+    resumed = state.offered_session is not None and state.session_id == state.offered_session
+    return [Session(session_id=state.session_id, resumed=resumed, model=state.model)]
+
+
+def _activity(block: dict[str, Any]) -> SandboxActivity:
+    name = _str(block.get("name")) or "tool"
+    raw = block.get("input")
+    args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    if name in _COMMAND_TOOLS and _str(args.get("command")):
+        return SandboxActivity(kind="command", description=args["command"])
+    if name in _FILE_TOOLS:
+        path = _str(args.get("file_path")) or _str(args.get("notebook_path")) or ""
+        return SandboxActivity(kind="file", description=f"{name} {path}".strip())
+    return SandboxActivity(kind="tool", description=name)
+
+
+def _assistant(message: dict[str, Any], state: State) -> list[Event]:
+    body = message.get("message")
+    if not isinstance(body, dict):
+        return []
+    blocks = [b for b in body.get("content") or [] if isinstance(b, dict)]
+    if body.get("model") == _SYNTHETIC_MODEL or message.get("is_api_error_message"):
+        texts = [b["text"] for b in blocks if b.get("type") == "text" and _str(b.get("text"))]
+        state.api_error = "\n".join(texts) or state.api_error
+        return []
+    state.model = _str(body.get("model")) or state.model
+    out = _session(state)
+    for block in blocks:
+        if block.get("type") == "text" and _str(block.get("text")):
+            out.append(AssistantText(text=block["text"]))
+        elif block.get("type") == "tool_use":
+            activity = _activity(block)
+            tool_id = _str(block.get("id")) or ""
+            command = activity.description if activity.kind == "command" else None
+            state.tool_inputs[tool_id] = (activity.description, command)
+            out.append(activity)
+    return out
+
+
+def _denial(tool_id: str, name: str, message: str | None, state: State) -> list[Event]:
+    if tool_id in state.denied:
+        return []
+    state.denied.add(tool_id)
+    description, command = state.tool_inputs.get(tool_id, (name, None))
+    text = message or f"{name} was denied by the permission policy: {description}"
+    return [PermissionRequest(request_id=tool_id, description=text, command=command)]
+
+
+def _system(message: dict[str, Any], state: State) -> list[Event]:
+    subtype = message.get("subtype")
+    if subtype == "init":
+        state.session_id = _str(message.get("session_id")) or state.session_id
+        return []
+    if subtype == "permission_denied":
+        tool_id = _str(message.get("tool_use_id")) or ""
+        name = _str(message.get("tool_name")) or "tool"
+        return _denial(tool_id, name, _str(message.get("message")), state)
+    if subtype == "api_retry":
+        delay = message.get("retry_delay_ms")
+        if isinstance(delay, int | float) and not isinstance(delay, bool):
+            state.retry_delay_s = delay / 1000
+        status = message.get("error_status")
+        error = _str(message.get("error")) or ""
+        if status in (401, 403) or error == "authentication_failed":
+            # The CLI would retry a rejected key 10 times over minutes: end the turn now.
+            detail = f"the model API rejected the credentials (HTTP {status}, {error})"
+            return [session_error(detail, "auth")]
+    return []
+
+
+def _stale(state: State, detail: str, exit: ExitInfo | None = None) -> list[Event]:
+    state.resume_rejected = state.offered_session is not None
+    state.session_id = None
+    code, tail = (exit.exit_code, exit.stderr_tail) if exit else (None, "")
+    return [session_error(detail, "harness-error", exit_code=code, stderr_tail=tail)]
+
+
+def _usage(message: dict[str, Any]) -> Usage:
+    raw = message.get("usage")
+    usage: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    cached = _int(usage.get("cache_read_input_tokens"))
+    # Anthropic counts cache reads and writes apart from input_tokens; ours includes them.
+    fresh = _int(usage.get("input_tokens")) + _int(usage.get("cache_creation_input_tokens"))
+    cost = message.get("total_cost_usd")
+    priced = isinstance(cost, int | float) and not isinstance(cost, bool)
+    return Usage(
+        input_tokens=fresh + cached,
+        output_tokens=_int(usage.get("output_tokens")),
+        cached_input_tokens=cached,
+        cost_usd=float(cost) if priced else None,
+    )
+
+
+def _result(message: dict[str, Any], state: State) -> list[Event]:
+    errors = [e for e in message.get("errors") or [] if isinstance(e, str)]
+    text = _str(message.get("result")) or ""
+    failed = message.get("is_error") is True  # 2.1.328 can say subtype "success" with it
+    if failed and any(_STALE.search(e) for e in [*errors, text]):
+        return _stale(state, "; ".join(errors) or text)
+    state.session_id = state.session_id or _str(message.get("session_id"))
+    out = _session(state)
+    usage = _usage(message)
+    if usage.input_tokens or usage.output_tokens or usage.cost_usd:
+        out.append(usage)
+    for denial in message.get("permission_denials") or []:
+        if isinstance(denial, dict):
+            name = _str(denial.get("tool_name")) or "tool"
+            out += _denial(_str(denial.get("tool_use_id")) or "", name, None, state)
+    if not failed:
+        return [
+            *out,
+            TurnComplete(
+                text=text,
+                session_id=state.session_id,
+                model=state.model,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=usage.cost_usd,
+            ),
+        ]
+    detail = "; ".join(errors) or text or state.api_error or "Claude Code reported an error"
+    status = message.get("api_error_status")
+    found = classify(
+        f"{detail} {message.get('api_error') or ''}", status if isinstance(status, int) else None
+    )
+    retry_after = found.retry_after_s
+    if found.reason == "rate-limited" and retry_after is None:
+        retry_after = state.retry_delay_s  # the CLI's own backoff, when the API named none
+    return [
+        *out,
+        session_error(detail, found.reason, retryable=found.retryable, retry_after_s=retry_after),
+    ]
+
+
+def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    kind = message.get("type")
+    if kind == "system":
+        return _system(message, state)
+    if kind == "assistant":
+        return _assistant(message, state)
+    if kind == "result":
+        return _result(message, state)
+    return []
+
+
+def finish(state: State, exit: ExitInfo) -> list[Event]:
+    if state.offered_session and _STALE.search(exit.stderr_tail):
+        detail = f"claude could not resume {state.offered_session}: no such session"
+        return _stale(state, detail, exit)
+    if state.api_error:
+        return [
+            error_event(state.api_error, exit_code=exit.exit_code, stderr_tail=exit.stderr_tail)
+        ]
+    return []
+
+
+def policy_warning(request: TurnRequest) -> str | None:
+    if request.posture == "dangerous" and request.deny:
+        return (
+            "claude-code skips every permission check in the dangerous posture: the deny "
+            "patterns are passed but bypassed"
+        )
+    return None
