@@ -106,7 +106,7 @@ SAMPLES = [
     TurnStarted(harness="stdio-json", attempt=2, input_chars=11),
     Session(session_id="s-1", resumed=True, model="m-1"),
     Session(session_id="s-2", resumed=False),
-    AssistantText(text="héllo\n\"quoted\""),
+    AssistantText(text='héllo\n"quoted"'),
     SandboxActivity(kind="command", description="ls -la"),
     PermissionRequest(request_id="p1", description="run rm", command="rm -rf x"),
     PermissionRequest(request_id="p2", description="edit", command=None),
@@ -182,9 +182,7 @@ def test_event_fields_match_contract_with_right_types(event_type: str) -> None:
 
 
 @pytest.mark.parametrize(("where", "values"), sorted(CONTRACT_ENUMS.items()))
-def test_event_enums_match_contract_when_closed(
-    where: tuple[str, str], values: set[str]
-) -> None:
+def test_event_enums_match_contract_when_closed(where: tuple[str, str], values: set[str]) -> None:
     schema = json_schema()
     event_type, field = where
     prop = _variants(schema)[event_type]["properties"][field]
