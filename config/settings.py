@@ -86,7 +86,9 @@ class Settings(BaseSettings):
     # Workers
     concurrency: int = Field(32, gt=0, le=1024)
     pool: Literal["threads", "prefork", "solo"] = "threads"
-    host_queue: str = Field(default_factory=lambda: f"host.{socket.gethostname()}")
+    host_queue: str = Field("", pattern=r"^[A-Za-z0-9_.@:-]*$")
+    """This host's queue (default ``<key_prefix>.host.<hostname>``): later turns of a run
+    whose sandbox lives here are routed to it."""
     harness_queues: CommaList = ()
     """Harness queues this worker consumes (default: all)."""
     reap_interval_s: float = Field(60.0, gt=0)
@@ -130,6 +132,14 @@ class Settings(BaseSettings):
                 result[name.strip()] = tuple(n.strip() for n in names.split("|") if n.strip())
             return result
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_host_queue(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("host_queue"):
+            prefix = data.get("key_prefix") or "harness"
+            data = {**data, "host_queue": f"{prefix}.host.{socket.gethostname()}"}
+        return data
 
     @model_validator(mode="after")
     def _coherent(self) -> Settings:

@@ -22,18 +22,22 @@ TASK_REAP = "harness.reap"
 TASK_REAP_HOST = "harness.reap_host"
 
 
-def harness_queue(harness: str) -> str:
-    return f"harness.{harness}"
+def harness_queue(harness: str, prefix: str = "harness") -> str:
+    """The queue of a harness's first turns: ``harness.claude-code`` with the default prefix
+    (the key prefix doubles as the queue namespace, so deployments sharing a broker stay apart).
+    """
+    return f"{prefix}.{harness}"
 
 
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     consumed = settings.harness_queues or HARNESS_IDS
-    queues = [Queue(harness_queue(h)) for h in consumed] + [Queue(settings.host_queue)]
+    prefix = settings.key_prefix
+    queues = [Queue(harness_queue(h, prefix)) for h in consumed] + [Queue(settings.host_queue)]
     app = Celery("harness-worker", broker=settings.broker_url, include=["worker.tasks"])
     app.conf.update(
         task_queues=queues,
-        task_default_queue=harness_queue("stdio-json"),
+        task_default_queue=harness_queue("stdio-json", prefix),
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,

@@ -115,7 +115,7 @@ class HarnessClient:
         resolved = resolve(run_options, self.settings)
         check_input(input, self.settings)
         run_id = new_run_id()
-        queue = harness_queue(harness)
+        queue = harness_queue(harness, self.settings.key_prefix)
         self.store.create(run_id, run_options, queue=queue, sandbox=resolved.sandbox)
         self._send(run_id, 1, input, queue)
         return run_id
@@ -127,7 +127,7 @@ class HarnessClient:
         check_input(input, self.settings)
         turn = self.store.begin_turn(run_id)
         queue = self.store.raw(run_id).get("queue") or harness_queue(
-            self.store.options(run_id).harness
+            self.store.options(run_id).harness, self.settings.key_prefix
         )
         self._send(run_id, turn, input, queue)
         return turn
@@ -261,7 +261,7 @@ class HarnessClient:
             return record
         if record["status"] in IN_FLIGHT:
             self.cancel(run_id)
-        queue = record.get("queue") or harness_queue(record["harness"])
+        queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
         self.app.send_task(TASK_END_RUN, args=[run_id], queue=queue)
         if not wait:
             return record

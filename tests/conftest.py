@@ -1,0 +1,89 @@
+"""Shared test plumbing: service checks that skip locally and fail under CI=true."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CI = os.environ.get("CI") == "true"
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_URL = os.environ.get("HARNESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+RABBITMQ_URL = os.environ.get("HARNESS_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def require(ok: bool, reason: str) -> None:
+    """Skip when a service is missing locally; under CI a missing service is a failure."""
+    if not ok:
+        if CI:
+            pytest.fail(f"required in CI: {reason}")
+        pytest.skip(reason)
+
+
+def demo_executable() -> str:
+    """The demo harness as an absolute path (no shell, no PATH lookups in the sandbox)."""
+    candidate = Path(sys.executable).parent / "harness-demo"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("harness-demo")
+    assert found, "harness-demo is not installed: pip install -e '.[dev]'"
+    return found
+
+
+def _redis_up(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    if not _redis_up(REDIS_URL) and shutil.which("redis-server"):
+        subprocess.run(
+            [
+                "redis-server",
+                "--daemonize",
+                "yes",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                "6379",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            check=False,
+            capture_output=True,
+        )
+        for _ in range(50):
+            if _redis_up(REDIS_URL):
+                break
+            time.sleep(0.1)
+    require(_redis_up(REDIS_URL), f"Redis is not reachable at {REDIS_URL}")
+    return REDIS_URL
+
+
+def _rabbit_up(url: str) -> bool:
+    from kombu.connection import Connection
+
+    try:
+        with Connection(url, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1)
+        return True
+    except Exception:  # noqa: BLE001 -- any failure means "not usable here"
+        return False
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    require(_rabbit_up(RABBITMQ_URL), f"RabbitMQ is not reachable at {RABBITMQ_URL}")
+    return RABBITMQ_URL

@@ -1,0 +1,172 @@
+"""Real Redis, real worker processes, real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from config import load_settings
+from tests.conftest import ROOT, demo_executable
+from worker.client import HarnessClient
+from worker.keys import Keys
+
+
+@dataclass
+class Env:
+    """One isolated deployment: its own key prefix (and so its own queues) and workspaces."""
+
+    vars: dict[str, str]
+    tmp: Path
+    clients: list[HarnessClient] = field(default_factory=list)
+
+    @property
+    def prefix(self) -> str:
+        return self.vars["HARNESS_KEY_PREFIX"]
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.prefix)
+
+    def settings(self, **overrides: Any) -> Any:
+        values = {k.removeprefix("HARNESS_").lower(): v for k, v in self.vars.items()}
+        values.update(overrides)
+        return load_settings(**values)
+
+    def client(self, **overrides: Any) -> HarnessClient:
+        client = HarnessClient(self.settings(**overrides))
+        self.clients.append(client)
+        return client
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.vars["HARNESS_REDIS_URL"], decode_responses=True)
+
+
+def make_env(tmp: Path, redis_url: str, **extra: str) -> Env:
+    prefix = "t" + uuid.uuid4().hex[:10]
+    values = {
+        "HARNESS_REDIS_URL": redis_url,
+        "HARNESS_BROKER_URL": redis_url,
+        "HARNESS_KEY_PREFIX": prefix,
+        "HARNESS_SANDBOX": "local",
+        "HARNESS_WORKSPACE_ROOT": str(tmp / "workspaces"),
+        "HARNESS_ALLOWED_EXECUTABLES": "*",
+        "HARNESS_ALLOWED_NETWORKS": "none,bridge,host",
+        "HARNESS_CONCURRENCY": "8",
+    }
+    values.update(extra)
+    return Env(values, tmp)
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    env: Env
+    name: str
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_worker(env: Env, *, extra_args: tuple[str, ...] = (), **overrides: str) -> WorkerProcess:
+    name = f"w{uuid.uuid4().hex[:6]}"
+    variables = {**env.vars, **overrides}
+    full_env = {**os.environ, **variables, "PYTHONUNBUFFERED": "1"}
+    log = env.tmp / f"{name}.log"
+    host_queue = env.settings(
+        **{k.removeprefix("HARNESS_").lower(): v for k, v in overrides.items()}
+    ).host_queue
+    r = env.redis()
+    r.hdel(env.keys.hosts(), host_queue)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "worker.app",
+                "worker",
+                "-l",
+                "info",
+                "-n",
+                f"{name}@%h",
+                "--without-mingle",
+                "--without-gossip",
+                *extra_args,
+            ],
+            cwd=ROOT,
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = WorkerProcess(proc, log, env, name)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited at start:\n{worker.logs()}")
+        if r.hexists(env.keys.hosts(), host_queue):
+            return worker
+        time.sleep(0.1)
+    worker.stop()
+    raise RuntimeError(f"worker did not become ready:\n{worker.logs()}")
+
+
+@pytest.fixture
+def env(tmp_path: Path, redis_url: str) -> Iterator[Env]:
+    e = make_env(tmp_path, redis_url)
+    yield e
+    for client in e.clients:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def shared_env(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Env]:
+    e = make_env(tmp_path_factory.mktemp("shared"), redis_url)
+    yield e
+    for client in e.clients:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def shared_worker(shared_env: Env) -> Iterator[WorkerProcess]:
+    worker = start_worker(shared_env)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def workers(env: Env) -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+DEMO = demo_executable()
