@@ -64,12 +64,12 @@ def test_second_turn_resumes_the_vendor_session(
     shared_env: Env, shared_worker: WorkerProcess
 ) -> None:
     client = shared_env.client()
-    run_id, first = run_turn(client, "one")
+    run_id, _first = run_turn(client, "one")
     assert client.submit_turn(run_id, "two") == 2
     second = client.wait(run_id, 2, timeout=60)
     assert second.type == "turn-complete"
     assert "(turn 2 of this session)" in second.data["text"]
-    session = [e for e in turn_events(client, run_id, 2) if e.type == "session"][0]
+    session = next(e for e in turn_events(client, run_id, 2) if e.type == "session")
     assert session.data["resumed"] is True
     assert_well_formed(turn_events(client, run_id, 2))
     record = client.status(run_id)
