@@ -89,9 +89,9 @@ def test_flower_shows_a_turn_task_by_name_and_state(env: Env, workers: list[Work
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/tasks", timeout=5) as resp:
                 tasks = json.load(resp)
             for task in tasks.values():
-                if task.get("name") == "harness.run_turn" and run_id in str(task.get("args")):
-                    if task.get("state") == "SUCCESS":
-                        found = task
+                ours = task.get("name") == "harness.run_turn" and run_id in str(task.get("args"))
+                if ours and task.get("state") == "SUCCESS":
+                    found = task
             time.sleep(0.5)
         assert found is not None, "Flower never showed the turn's task as SUCCESS"
         assert found["result"] and "completed" in found["result"]
