@@ -1,0 +1,194 @@
+"""Scenarios, fixed answers and the reading of a request's conversation, shared by all APIs.
+
+A request's scenario is the server's default unless the current turn's prompt carries a
+marker ``[scenario:NAME]``. Other markers: ``[delay:SECONDS]`` (chunk delay for ``slow``) and
+``[answer-model:NAME]`` (the model the response claims answered).
+
+The "current turn" is everything after the last assistant text that follows a user prompt:
+the prompt of this CLI invocation plus any tool calls and results made since. A marker in an
+earlier, resumed turn does not leak into the next one; a tool result in the current turn
+means the tool scenario's call was answered and the final text is due.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+SCENARIOS: tuple[str, ...] = (
+    "text",
+    "tool",
+    "http-429",
+    "http-401",
+    "quota",
+    "http-500",
+    "slow",
+    "truncated",
+)
+
+TEXT_ANSWER = "Hello from the fake model."
+"""The whole answer of the ``text`` and ``slow`` scenarios."""
+
+TOOL_COMMAND = "echo tool-ran-$((6*7))"
+"""The shell command of the ``tool`` scenario; it prints ``tool-ran-42``."""
+TOOL_OUTPUT = "tool-ran-42"
+TOOL_DESCRIPTION = "Print the tool marker"
+TOOL_FINAL_PREFIX = "Done. The command printed: "
+"""The ``tool`` scenario's final answer is this prefix plus the tool result's text (trimmed)."""
+
+TRUNCATED_TEXT = "This answer stops in the mid"
+"""What the ``truncated`` scenario streams before it drops the connection."""
+
+RETRY_AFTER_S = 7
+"""The ``retry-after`` header of the ``http-429`` scenario."""
+
+DEFAULT_SLOW_DELAY_S = 0.5
+SLOW_CHUNKS = 4
+
+
+@dataclass(frozen=True)
+class FixedUsage:
+    """Token usage every successful response reports.
+
+    ``input_tokens`` is the whole prompt, ``cached_input_tokens`` the part of it read from a
+    cache. How each API spells it:
+
+    - Anthropic: ``input_tokens`` = 100 (uncached only), ``cache_read_input_tokens`` = 20,
+      ``cache_creation_input_tokens`` = 0, ``output_tokens`` = 30.
+    - OpenAI Responses: ``input_tokens`` = 120, ``input_tokens_details.cached_tokens`` = 20,
+      ``output_tokens`` = 30, ``total_tokens`` = 150.
+    - Chat Completions: ``prompt_tokens`` = 120, ``prompt_tokens_details.cached_tokens`` = 20,
+      ``completion_tokens`` = 30, ``total_tokens`` = 150.
+    - Gemini: ``promptTokenCount`` = 120, ``cachedContentTokenCount`` = 20,
+      ``candidatesTokenCount`` = 30, ``totalTokenCount`` = 150.
+    """
+
+    input_tokens: int = 120
+    cached_input_tokens: int = 20
+    output_tokens: int = 30
+
+    @property
+    def uncached_input_tokens(self) -> int:
+        return self.input_tokens - self.cached_input_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+USAGE = FixedUsage()
+
+_MARKER = re.compile(r"\[(scenario|delay|answer-model):([^\]\s]+)\]")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One piece of a conversation, API-independent."""
+
+    role: str  # "user", "assistant" or "system"
+    kind: str  # "text", "tool_call" or "tool_result"
+    text: str = ""
+
+
+@dataclass
+class Conversation:
+    items: list[Item]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Offered tools as ``{"name": ..., "parameters": <JSON schema or {}>}``."""
+
+    def current_turn(self) -> list[Item]:
+        """The items of the turn this request belongs to (see the module docstring)."""
+        seen_prompt = False
+        start = 0
+        for index in range(len(self.items) - 1, -1, -1):
+            item = self.items[index]
+            if item.role == "user" and item.kind == "text":
+                seen_prompt = True
+            elif item.role == "assistant" and item.kind == "text" and seen_prompt:
+                start = index + 1
+                break
+        return self.items[start:]
+
+    def prompt_text(self) -> str:
+        return "\n".join(
+            i.text for i in self.current_turn() if i.role == "user" and i.kind == "text"
+        )
+
+    def tool_results(self) -> list[str]:
+        """Tool results given back to the model in the current turn."""
+        return [i.text for i in self.current_turn() if i.kind == "tool_result"]
+
+    def shell_tool(self) -> dict[str, Any] | None:
+        by_name = {t.get("name"): t for t in self.tools}
+        for name in SHELL_TOOL_NAMES:
+            if name in by_name:
+                return by_name[name]
+        return None
+
+
+SHELL_TOOL_NAMES: tuple[str, ...] = (
+    "Bash",  # claude-code
+    "run_shell_command",  # gemini
+    "bash",  # opencode, pi
+    "exec_command",  # codex with a model it knows (string "cmd")
+    "shell_command",  # codex (string "command")
+    "shell",  # codex with fallback metadata (argv "command")
+)
+
+
+def shell_arguments(tool: dict[str, Any], command: str = TOOL_COMMAND) -> dict[str, Any]:
+    """Arguments for ``tool`` that run ``command``, shaped after its parameter schema."""
+    props = tool.get("parameters", {}).get("properties", {}) or {}
+    args: dict[str, Any] = {}
+    if "cmd" in props:
+        args["cmd"] = command
+    elif props.get("command", {}).get("type") == "array":
+        args["command"] = ["bash", "-lc", command]
+    else:
+        args["command"] = command
+    if "description" in props:
+        args["description"] = TOOL_DESCRIPTION
+    return args
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the server decided to do with one request."""
+
+    scenario: str
+    delay_s: float
+    answer_model: str | None
+
+
+def choose(conversation: Conversation, default: str, delay_s: float, model: str | None) -> Choice:
+    """The scenario for a request: markers in the current prompt win over the defaults."""
+    scenario, delay, answer_model = default, delay_s, model
+    for key, value in _MARKER.findall(conversation.prompt_text()):
+        if key == "scenario" and value in SCENARIOS:
+            scenario = value
+        elif key == "delay":
+            with contextlib.suppress(ValueError):
+                delay = float(value)
+        elif key == "answer-model":
+            answer_model = value
+    return Choice(scenario, delay, answer_model)
+
+
+def final_tool_text(results: list[str]) -> str:
+    text = results[-1].strip() if results else ""
+    return TOOL_FINAL_PREFIX + text[:200]
+
+
+def text_of(value: Any) -> str:
+    """Text inside a content value: a string, a list of text blocks, or anything nested."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(t for t in (text_of(v) for v in value) if t)
+    if isinstance(value, dict):
+        for key in ("text", "content", "output", "result"):
+            if key in value:
+                return text_of(value[key])
+    return ""
