@@ -55,9 +55,8 @@ _RETRY_AFTER = re.compile(
 
 _QUOTA = re.compile(
     r"insufficient_quota|quota exceeded|exceeded your (?:current )?quota|credit balance|"
-    r"out of credits|usage limit|spend(?:ing)? limit|billing|payment required|"
-    r"RESOURCE_EXHAUSTED.*quota|quota.*RESOURCE_EXHAUSTED",
-    re.I | re.S,
+    r"out of credits|usage limit|spend(?:ing)? limit|billing|payment required",
+    re.I,
 )
 # Google names per-minute throttling "quota" too: that is a rate limit, not an empty wallet.
 _PER_MINUTE = re.compile(r"per[ _]?minute|PerMinute|\bRPM\b|\bTPM\b", re.I)

@@ -1,0 +1,236 @@
+"""codex: ``codex exec --json`` (and ``codex exec resume``); fixtures from codex-cli 0.169.0."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.errors import classify, error_event
+from adapters.events import (
+    AssistantText,
+    Event,
+    SandboxActivity,
+    Session,
+    TurnComplete,
+    Usage,
+    session_error,
+)
+from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+
+HARNESS_ID = "codex"
+
+CAPABILITIES = Capabilities(
+    session_resume=True,
+    system_prompt=True,
+    permission_policy="posture-only",
+    permission_hooks=False,
+    mid_turn_cancel=True,
+    usage_reporting=True,
+    cost_reporting=False,
+    model_selection=True,
+    model_reporting=False,
+    mcp_client=False,
+)
+
+# Messages we map: thread.started (thread_id), item.started / item.completed (items
+# command_execution, file_change, mcp_tool_call, web_search, agent_message), turn.completed
+# (usage: a running total for the whole thread), turn.failed (error.message), error
+# (message: transient "Reconnecting..." notices as well as fatal errors).
+_STALE = re.compile(r"no rollout found|thread/resume failed", re.I)
+_SANDBOX = {"strict": "read-only", "auto": "workspace-write", "dangerous": "danger-full-access"}
+_KEY_NAMES = ("OPENAI_API_KEY", "CODEX_API_KEY")
+_TOTALS = ("input_tokens", "cached_input_tokens", "output_tokens")
+
+
+@dataclass
+class State:
+    offered_session: str | None
+    prior: dict[str, Any]
+    session_id: str | None = None
+    model: str | None = None
+    resume_rejected: bool = False
+    answer: str = ""
+    last_error: str | None = None
+    seen_items: set[str] = field(default_factory=set)
+    carry: dict[str, Any] = field(default_factory=dict)
+
+
+def new_state(request: TurnRequest) -> State:
+    return State(
+        offered_session=request.resume_session, prior=dict(request.carry), carry=dict(request.carry)
+    )
+
+
+def _toml(value: str) -> str:
+    # A JSON string is a TOML basic string, except that TOML also wants DEL escaped.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _config(request: TurnRequest) -> str:
+    lines = [
+        f"sandbox_mode = {_toml(_SANDBOX[request.posture])}",
+        # exec never asks anyway; say so, so a config default cannot make it wait.
+        'approval_policy = "never"',
+    ]
+    if request.system_prompt:
+        # Lands as a developer message of the Responses input, after Codex's own
+        # instructions (0.169.0). In the config file rather than `-c` to avoid argv limits.
+        lines.append(f"developer_instructions = {_toml(request.system_prompt)}")
+    if request.base_url:
+        # 0.169.0 ignores OPENAI_BASE_URL; a custom provider is the way to move it.
+        granted = [k for k in _KEY_NAMES if k in request.granted_env]
+        key = granted[0] if granted else sorted(request.granted_env or {"OPENAI_API_KEY"})[0]
+        lines += [
+            'model_provider = "harness"',
+            "",
+            "[model_providers.harness]",
+            'name = "harness"',
+            f"base_url = {_toml(request.base_url)}",
+            'wire_api = "responses"',
+            f"env_key = {_toml(key)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def build_command(request: TurnRequest) -> Command:
+    """The prompt is ``-``: codex then reads the whole input from stdin (no argv limit, and
+    an input starting with ``-`` is not taken for a flag). Everything else goes into
+    ``$HOME/.codex/config.toml``, which ``exec`` and ``exec resume`` both read."""
+    argv = [request.executable or "codex", "exec"]
+    if request.resume_session:
+        argv += ["resume", request.resume_session]
+    argv += ["--json", "--skip-git-repo-check"]
+    if request.model:
+        argv += ["--model", request.model]
+    argv.append("-")
+    home = request.home.rstrip("/")
+    return Command(
+        argv=tuple(argv),
+        stdin=request.input.encode("utf-8"),
+        files={f"{home}/.codex/config.toml": _config(request)},
+        cwd=request.workspace,
+    )
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _item(item: dict[str, Any], state: State) -> list[Event]:
+    kind = item.get("type")
+    if kind == "agent_message":
+        text = _str(item.get("text"))
+        if text is None:
+            return []
+        state.answer = text
+        return [AssistantText(text=text)]
+    item_id = _str(item.get("id")) or ""
+    if item_id and item_id in state.seen_items:
+        return []
+    if kind == "command_execution":
+        activity = SandboxActivity(kind="command", description=_str(item.get("command")) or "")
+    elif kind == "file_change":
+        changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
+        paths = ", ".join(f"{c.get('kind', 'update')} {c.get('path', '')}" for c in changes)
+        activity = SandboxActivity(kind="file", description=paths or "file change")
+    elif kind == "mcp_tool_call":
+        name = ".".join(s for s in (_str(item.get("server")), _str(item.get("tool"))) if s)
+        activity = SandboxActivity(kind="tool", description=name or "mcp tool")
+    elif kind == "web_search":
+        activity = SandboxActivity(kind="tool", description=f"web_search {item.get('query', '')}")
+    else:
+        return []  # reasoning, todo_list, and "error" items (non-fatal warnings)
+    if item_id:
+        state.seen_items.add(item_id)
+    return [activity]
+
+
+def _completed(message: dict[str, Any], state: State) -> list[Event]:
+    raw = message.get("usage")
+    usage: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    totals = {name: _int(usage.get(name)) for name in _TOTALS}
+    # The thread's running total: subtract what earlier turns of this run already counted.
+    prior = state.prior if state.prior.get("thread_id") == state.session_id else {}
+    turn = {name: max(totals[name] - _int(prior.get(name)), 0) for name in _TOTALS}
+    state.carry = {"thread_id": state.session_id, **totals}
+    return [
+        Usage(
+            input_tokens=turn["input_tokens"],
+            output_tokens=turn["output_tokens"],
+            cached_input_tokens=turn["cached_input_tokens"],
+        ),
+        TurnComplete(
+            text=state.answer,
+            session_id=state.session_id,
+            model=None,
+            input_tokens=turn["input_tokens"],
+            output_tokens=turn["output_tokens"],
+        ),
+    ]
+
+
+def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    kind = message.get("type")
+    if kind == "thread.started":
+        thread_id = _str(message.get("thread_id"))
+        if thread_id is None or state.session_id is not None:
+            return []
+        state.session_id = thread_id
+        resumed = state.offered_session is not None and thread_id == state.offered_session
+        return [Session(session_id=thread_id, resumed=resumed, model=None)]
+    if kind in ("item.started", "item.updated", "item.completed"):
+        item = message.get("item")
+        return _item(item, state) if isinstance(item, dict) else []
+    if kind == "error":
+        state.last_error = _str(message.get("message")) or state.last_error
+        return []
+    if kind == "turn.completed":
+        return _completed(message, state)
+    if kind == "turn.failed":
+        raw = message.get("error")
+        error = raw if isinstance(raw, dict) else {}
+        detail = _str(error.get("message")) or state.last_error or "codex reported a failed turn"
+        return [error_event(detail)]
+    return []
+
+
+def finish(state: State, exit: ExitInfo) -> list[Event]:
+    tail = exit.stderr_tail
+    if state.offered_session and state.session_id is None and _STALE.search(tail):
+        # 0.169.0: "Error: thread/resume: thread/resume failed: no rollout found for thread
+        # id …" on stderr, exit 1, nothing on stdout.
+        state.resume_rejected = True
+        return [
+            session_error(
+                f"codex could not resume {state.offered_session}: no such thread",
+                "harness-error",
+                exit_code=exit.exit_code,
+                stderr_tail=tail,
+            )
+        ]
+    for text in (state.last_error, tail):
+        if text and classify(text).reason != "harness-error":
+            return [
+                error_event(
+                    text.strip().splitlines()[-1] if text is tail else text,
+                    text=text,
+                    exit_code=exit.exit_code,
+                    stderr_tail=tail,
+                )
+            ]
+    return []
+
+
+def policy_warning(request: TurnRequest) -> str | None:
+    if request.allow or request.deny:
+        return (
+            "codex applies the posture through its sandbox mode only: allow/deny "
+            "patterns are not translated"
+        )
+    return None

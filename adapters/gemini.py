@@ -1,0 +1,252 @@
+"""gemini: ``gemini -p "" --output-format stream-json``; fixtures from gemini-cli 0.61.0."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.errors import classify, error_event
+from adapters.events import (
+    AssistantText,
+    Event,
+    SandboxActivity,
+    Session,
+    TurnComplete,
+    Usage,
+    session_error,
+)
+from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+
+HARNESS_ID = "gemini"
+
+CAPABILITIES = Capabilities(
+    session_resume=True,
+    system_prompt=True,
+    permission_policy="full",
+    permission_hooks=False,
+    mid_turn_cancel=True,
+    usage_reporting=True,
+    cost_reporting=False,
+    model_selection=True,
+    model_reporting=True,
+    mcp_client=False,
+)
+
+# Messages we map: init (session_id; its model is the one requested), message (assistant
+# deltas), tool_use (tool_name, parameters), tool_result (ends a narration segment), error
+# (non-fatal warnings), result (status, error, stats with token counts and `models` keyed
+# by the model that answered). Every line also carries a timestamp, which we ignore.
+_APPROVAL = {"strict": "default", "auto": "auto_edit", "dangerous": "yolo"}
+_FILE_TOOLS = {"write_file", "replace", "edit"}
+_PATTERN = re.compile(r"^\s*([\w.*-]+)\s*(?:\((.*)\))?\s*$", re.S)
+# Exit 42 (FatalInputError) with this on stderr when the offered session does not exist:
+# "Error resuming session: No previous sessions found for this project." (0.61.0).
+_STALE = re.compile(r"Error resuming session|Invalid session identifier", re.I)
+_EXIT_AUTH = 41  # FatalAuthenticationError
+# GEMINI_SYSTEM_MD replaces Gemini CLI's whole built-in system prompt (rendered at run time
+# from the model, approval mode and tools, so it cannot be copied here). This short preamble
+# keeps the tool list, through the file's ${AvailableTools} placeholder; ours follows.
+_PREAMBLE = (
+    "You are Gemini CLI, an autonomous agent working non-interactively on software tasks in "
+    "the current directory. Use the available tools to inspect and change files and to run "
+    "commands; finish with a concise answer.\n\nAvailable tools:\n${AvailableTools}\n\n"
+)
+
+
+@dataclass
+class State:
+    offered_session: str | None
+    session_id: str | None = None
+    model: str | None = None
+    resume_rejected: bool = False
+    answer: list[str] = field(default_factory=list)
+    last_error: str | None = None
+    carry: dict[str, Any] = field(default_factory=dict)
+
+
+def new_state(request: TurnRequest) -> State:
+    return State(offered_session=request.resume_session)
+
+
+def _rule(pattern: str, decision: str, priority: int) -> str:
+    match = _PATTERN.match(pattern)
+    if not match:
+        raise ValueError(f"gemini tool pattern {pattern!r} is not NAME or NAME(ARGUMENT)")
+    name, argument = match.groups()
+    lines = ["[[rule]]", f"toolName = {json.dumps(name)}"]
+    if argument and name == "run_shell_command":
+        lines.append(f"commandPrefix = {json.dumps(argument.strip())}")
+    elif argument:
+        lines.append(f"argsPattern = {json.dumps(re.escape(argument.strip()))}")
+    lines += [f'decision = "{decision}"', f"priority = {priority}"]
+    return "\n".join(lines)
+
+
+def _policy(request: TurnRequest) -> str:
+    # User-tier rules; deny outranks allow so an overlap fails closed.
+    rules = [_rule(p, "allow", 500) for p in request.allow]
+    rules += [_rule(p, "deny", 900) for p in request.deny]
+    return "\n\n".join(rules) + "\n"
+
+
+def build_command(request: TurnRequest) -> Command:
+    """The input goes on stdin with an empty ``-p``: in headless mode 0.61.0 reads piped
+    stdin (up to 8 MiB) and appends the ``-p`` text, so nothing large or starting with ``-``
+    rides in argv. Model and session are flags; auth, base URL, trust and the system prompt
+    are files and environment."""
+    home = request.home.rstrip("/")
+    argv = [request.executable or "gemini", "--output-format", "stream-json"]
+    if request.model:
+        argv += ["--model", request.model]
+    if request.resume_session:
+        argv += ["--resume", request.resume_session]
+    argv += ["--approval-mode", _APPROVAL[request.posture]]
+    files = {
+        # Needed with GOOGLE_GEMINI_BASE_URL: alone it selects the "gateway" auth type,
+        # which headless mode refuses (exit 41).
+        f"{home}/.gemini/settings.json": '{"security": {"auth": {"selectedType": '
+        '"gemini-api-key"}}}\n',
+    }
+    env = {"GEMINI_CLI_TRUST_WORKSPACE": "true"}
+    if request.allow or request.deny:
+        files[f"{home}/.harness/gemini-policy.toml"] = _policy(request)
+        argv.append(f"--policy={home}/.harness/gemini-policy.toml")
+    if request.system_prompt:
+        files[f"{home}/.harness/gemini-system.md"] = _PREAMBLE + request.system_prompt + "\n"
+        env["GEMINI_SYSTEM_MD"] = f"{home}/.harness/gemini-system.md"
+    if request.base_url:
+        env["GOOGLE_GEMINI_BASE_URL"] = request.base_url
+    argv += ["--prompt", ""]
+    return Command(
+        argv=tuple(argv),
+        stdin=request.input.encode("utf-8"),
+        env=env,
+        files=files,
+        cwd=request.workspace,
+    )
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _tool(message: dict[str, Any]) -> SandboxActivity:
+    name = _str(message.get("tool_name")) or "tool"
+    args = _dict(message.get("parameters"))
+    if name == "run_shell_command" and _str(args.get("command")):
+        return SandboxActivity(kind="command", description=args["command"])
+    if name in _FILE_TOOLS:
+        return SandboxActivity(kind="file", description=f"{name} {args.get('file_path', '')}")
+    return SandboxActivity(kind="tool", description=name)
+
+
+def _used_model(stats: dict[str, Any]) -> str | None:
+    # Keyed by the model that answered; with the router on, a classifier model shows up
+    # too: the one that spent the most tokens did the work. None when nothing answered.
+    models = {k: _int(_dict(v).get("total_tokens")) for k, v in _dict(stats.get("models")).items()}
+    models = {k: v for k, v in models.items() if v}
+    return max(models, key=lambda k: models[k]) if models else None
+
+
+def _result(message: dict[str, Any], state: State) -> list[Event]:
+    stats = _dict(message.get("stats"))
+    state.model = _used_model(stats) or state.model
+    out: list[Event] = []
+    if state.session_id is not None:
+        resumed = state.offered_session is not None and state.session_id == state.offered_session
+        out.append(Session(session_id=state.session_id, resumed=resumed, model=state.model))
+    cached = _int(stats.get("cached"))
+    input_tokens, output_tokens = _int(stats.get("input_tokens")), _int(stats.get("output_tokens"))
+    if input_tokens or output_tokens:
+        out.append(
+            Usage(
+                input_tokens=input_tokens, output_tokens=output_tokens, cached_input_tokens=cached
+            )
+        )
+    if message.get("status") != "success":
+        error = _dict(message.get("error"))
+        detail = _str(error.get("message")) or state.last_error or "gemini reported an error"
+        return [*out, error_event(detail)]
+    out.append(
+        TurnComplete(
+            text="".join(state.answer),
+            session_id=state.session_id,
+            model=state.model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+        )
+    )
+    return out
+
+
+def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    kind = message.get("type")
+    if kind == "init":
+        state.session_id = _str(message.get("session_id")) or state.session_id
+        return []
+    if kind == "message" and message.get("role") == "assistant":
+        text = _str(message.get("content"))
+        if text is None:
+            return []
+        state.answer.append(text)
+        return [AssistantText(text=text)]
+    if kind == "tool_use":
+        state.answer.clear()  # the final answer is what follows the last tool call
+        return [_tool(message)]
+    if kind == "tool_result":
+        state.answer.clear()
+        return []
+    if kind == "error":
+        state.last_error = _str(message.get("message")) or state.last_error
+        return []
+    if kind == "result":
+        return _result(message, state)
+    return []
+
+
+def finish(state: State, exit: ExitInfo) -> list[Event]:
+    tail = exit.stderr_tail
+    if state.offered_session and state.session_id is None and _STALE.search(tail):
+        state.resume_rejected = True
+        return [
+            session_error(
+                f"gemini could not resume {state.offered_session}: no such session",
+                "harness-error",
+                exit_code=exit.exit_code,
+                stderr_tail=tail,
+            )
+        ]
+    if exit.exit_code == _EXIT_AUTH:
+        return [
+            session_error(
+                "gemini could not authenticate (exit 41)",
+                "auth",
+                exit_code=exit.exit_code,
+                stderr_tail=tail,
+            )
+        ]
+    for text in (state.last_error, tail):
+        if text and classify(text).reason != "harness-error":
+            return [
+                error_event(
+                    text.strip().splitlines()[-1] if text is tail else text,
+                    text=text,
+                    exit_code=exit.exit_code,
+                    stderr_tail=tail,
+                )
+            ]
+    return []
+
+
+def policy_warning(request: TurnRequest) -> str | None:
+    return None
