@@ -200,12 +200,11 @@ def _usage(message: dict[str, Any]) -> Usage:
     # Anthropic counts cache reads and writes apart from input_tokens; ours includes them.
     fresh = _int(usage.get("input_tokens")) + _int(usage.get("cache_creation_input_tokens"))
     cost = message.get("total_cost_usd")
-    priced = isinstance(cost, int | float) and not isinstance(cost, bool)
     return Usage(
         input_tokens=fresh + cached,
         output_tokens=_int(usage.get("output_tokens")),
         cached_input_tokens=cached,
-        cost_usd=float(cost) if priced else None,
+        cost_usd=float(cost) if type(cost) in (int, float) else None,
     )
 
 
