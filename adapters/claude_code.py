@@ -204,7 +204,7 @@ def _usage(message: dict[str, Any]) -> Usage:
         input_tokens=fresh + cached,
         output_tokens=_int(usage.get("output_tokens")),
         cached_input_tokens=cached,
-        cost_usd=float(cost) if type(cost) in (int, float) else None,
+        cost_usd=float(cost) if isinstance(cost, int | float) and type(cost) is not bool else None,
     )
 
 
