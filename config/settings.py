@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     kill_grace_s: float = Field(1.0, ge=0)
     """Between SIGTERM and SIGKILL when a turn is stopped."""
     shutdown_grace_s: float = Field(10.0, ge=0)
+    """On a warm shutdown, how long in-flight turns may still run before they are stopped."""
+    teardown_on_shutdown: bool = True
+    """Remove a stopped run's container on shutdown (its next turn starts a fresh one)."""
     max_line_bytes: int = Field(8 * 1024 * 1024, gt=1024)
 
     # Redis retention

@@ -154,3 +154,6 @@ class Sandbox(Protocol):
 
     def managed(self) -> list[ManagedSandbox]:
         """Every sandbox this backend created on this host, for the reaper."""
+
+    def diagnose(self, run_id: str) -> str | None:
+        """Why the run's sandbox cannot run turns (gone, OOM-killed, daemon down), or None."""

@@ -256,6 +256,12 @@ class LocalSandbox:
             shutil.rmtree(self.root / "run" / run_id, ignore_errors=True)
         meta_path.unlink(missing_ok=True)
 
+    def diagnose(self, run_id: str) -> str | None:
+        workspace = self.root / "run" / safe_name(run_id, "run id")
+        if not workspace.exists() and not self._meta_path(run_id).exists():
+            return f"the workspace of run {run_id} is gone"
+        return None
+
     def managed(self) -> list[ManagedSandbox]:
         found: list[ManagedSandbox] = []
         for path in sorted((self.root / "run").glob("*.json")):

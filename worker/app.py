@@ -15,18 +15,7 @@ from kombu.entity import Queue
 
 from adapters import HARNESS_IDS
 from config import Settings, get_settings
-
-TASK_RUN_TURN = "harness.run_turn"
-TASK_END_RUN = "harness.end_run"
-TASK_REAP = "harness.reap"
-TASK_REAP_HOST = "harness.reap_host"
-
-
-def harness_queue(harness: str, prefix: str = "harness") -> str:
-    """The queue of a harness's first turns: ``harness.claude-code`` with the default prefix
-    (the key prefix doubles as the queue namespace, so deployments sharing a broker stay apart).
-    """
-    return f"{prefix}.{harness}"
+from worker.app_names import TASK_REAP, harness_queue
 
 
 def create_app(settings: Settings | None = None) -> Celery:

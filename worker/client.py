@@ -18,7 +18,8 @@ from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, TurnStarted, session_error
 from config import Settings, load_settings
-from worker.app import TASK_END_RUN, TASK_RUN_TURN, create_app, harness_queue
+from worker.app import create_app
+from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
 from worker.errors import HarnessError, RunNotFound, Unavailable
 from worker.keys import Keys, SyncRedis
 from worker.policy import check_input, resolve

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from sandbox.base import Sandbox, SandboxError
+from worker import credentials
 from worker.errors import RunNotFound
 from worker.publisher import last_seq
 from worker.records import FINISHED, IN_FLIGHT
@@ -28,7 +29,7 @@ def end_run(deps: TurnDeps, run_id: str) -> bool:
         sandbox.teardown(run_id, keep_workspace=bool(options.get("workspace")))
     except SandboxError as exc:
         log.warning("run.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
-    deps.redis.delete(deps.keys.credential(run_id))
+    credentials.revoke(deps.redis, deps.keys, run_id)
     deps.store.update(run_id, status="ended")
     deps.store.expire(run_id, deps.settings.retention_s)
     deps.redis.srem(deps.keys.runs_index(), run_id)
@@ -61,6 +62,7 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
         if status is None or status in FINISHED or (expired and status not in IN_FLIGHT):
             keep = bool(raw and '"workspace": null' not in raw.get("options", '"workspace": null'))
             sandbox.teardown(found.run_id, keep_workspace=keep)
+            credentials.revoke(deps.redis, deps.keys, found.run_id)
             report.sandboxes.append(found.run_id)
             if raw and status not in FINISHED:
                 deps.store.update(found.run_id, status="ended", last_error="lease expired")

@@ -10,7 +10,8 @@ from celery import Task
 from celery.signals import worker_ready, worker_shutting_down
 
 from worker import lifecycle, runtime
-from worker.app import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST, app
+from worker.app import app
+from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST
 from worker.publisher import last_seq
 from worker.spec import TurnPayload
 from worker.turn import close_lost_turn, execute_turn
@@ -59,10 +60,24 @@ def reap() -> int:
 
 @worker_ready.connect
 def _announce(**_: object) -> None:
+    """Register this host's queue, then clean up after whatever crashed here before."""
     deps = runtime.deps()
     deps.redis.hset(deps.keys.hosts(), deps.settings.host_queue, deps.worker_id)
+    try:
+        for line in lifecycle.reap_here():
+            log.info("reaper.startup", extra={"removed": line})
+    except Exception:
+        log.exception("reaper.startup_failed")
 
 
 @worker_shutting_down.connect
-def _shutting_down(**_: object) -> None:
-    runtime.deps().shutdown.request()
+def _shutting_down(how: str = "Warm", **_: object) -> None:
+    """Warm: in-flight turns get HARNESS_SHUTDOWN_GRACE_S, then end with reason ``shutdown``
+    while Celery waits for them. Cold (SIGQUIT, a second SIGINT): Celery will not wait, so stop
+    every turn now and hold the process until they have published their terminal events."""
+    shutdown = runtime.deps().shutdown
+    if how == "Cold":
+        shutdown.request(immediate=True)
+        shutdown.wait_idle(timeout_s=15)
+    else:
+        shutdown.request()

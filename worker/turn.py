@@ -9,6 +9,7 @@ sees its owner alive, or (owner dead) closes it with ``worker-lost``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -33,7 +34,9 @@ from adapters.protocol import TurnRequest
 from adapters.stream import StreamDriver
 from config import Settings
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
-from worker import attempt
+from worker import attempt, credentials
+from worker.app_names import harness_queue
+from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
 from worker.keys import Keys, SyncRedis
 from worker.policy import check_input, resolve, resolve_secrets
@@ -55,11 +58,29 @@ class Shutdown:
     grace_s: float
     requested_at: float | None = None
     event: threading.Event = dataclasses.field(default_factory=threading.Event)
+    active: int = 0
+    _lock: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
-    def request(self) -> None:
+    def request(self, *, immediate: bool = False) -> None:
+        if immediate:
+            self.grace_s = 0.0
         if self.requested_at is None:
             self.requested_at = time.monotonic()
         self.event.set()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.active += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.active -= 1
+            self._lock.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no turn is in flight (used by a cold shutdown before the process exits)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self.active == 0, timeout_s)
 
     def expired(self) -> bool:
         return self.requested_at is not None and (
@@ -95,9 +116,11 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload) -> str:
     owner_key = keys.turn_owner(run_id, turn)
     deps.redis.set(owner_key, deps.worker_id, ex=OWNER_TTL_S)
     log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
+    deps.shutdown.enter()
     try:
         return _run(deps, payload, options)
     finally:
+        deps.shutdown.leave()
         _retry_redis(lambda: deps.redis.delete(owner_key))
 
 
@@ -124,6 +147,8 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         return refuse(
             session_error(str(exc), "invalid-input"), run_status=_status_after_refusal(turn)
         )
+    credential_ttl = int(settings.run_lease_s + settings.max_turn_timeout_s)
+    secrets[CREDENTIAL_ENV] = credentials.issue(deps.redis, deps.keys, run_id, credential_ttl)
     out.publisher = RedisStreamPublisher(
         deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
     )
@@ -151,6 +176,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
     except SandboxError as exc:
         if turn == 1:
             sandbox.teardown(run_id, keep_workspace=options.workspace is not None)
+            credentials.revoke(deps.redis, deps.keys, run_id)
         return refuse(
             session_error(f"the sandbox could not be prepared: {exc}", "sandbox"),
             run_status="failed" if turn == 1 else "idle",
@@ -196,12 +222,27 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         )
         terminal = outcome.terminal
 
+    if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
+        _release_for_shutdown(deps, run_id, options, sandbox)
+
     carry = getattr(driver.state, "carry", None)
     final_text = terminal.text if isinstance(terminal, TurnComplete) else None
     extra: dict[str, Any] = {"carry": carry} if carry else {}
     return _close(
         deps, payload, options, out, terminal, run_status="idle", final_text=final_text, extra=extra
     )
+
+
+def _release_for_shutdown(
+    deps: TurnDeps, run_id: str, options: RunOptions, sandbox: Sandbox
+) -> None:
+    """This worker is going away: free the run's sandbox so any worker can take its next turn."""
+    if not deps.settings.teardown_on_shutdown:
+        return
+    sandbox.teardown(run_id, keep_workspace=True)
+    credentials.revoke(deps.redis, deps.keys, run_id)
+    queue = harness_queue(options.harness, deps.settings.key_prefix)
+    _retry_redis(lambda: deps.store.update(run_id, queue=queue, container_id=None))
 
 
 def _attempt(
@@ -238,7 +279,15 @@ def _attempt(
         driver.fail(session_error(f"the harness could not be started: {exc}", "sandbox"))
         assert driver.terminal is not None
         return attempt.Outcome(driver.terminal, None, ""), driver
-    outcome = attempt.drive(process, driver, out, limits, stop)
+    try:
+        outcome = attempt.drive(process, driver, out, limits, stop)
+    except SandboxError as exc:
+        with contextlib.suppress(SandboxError):
+            process.kill(grace=limits.kill_grace_s)
+        problem = sandbox.diagnose(placement.run_id) or str(exc)
+        driver.fail(session_error(f"the sandbox failed during the turn: {problem}", "sandbox"))
+        assert driver.terminal is not None
+        outcome = attempt.Outcome(driver.terminal, None, "")
     return outcome, driver
 
 
@@ -389,10 +438,13 @@ def close_lost_turn(
     if next_seq == 0:
         events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
     events.append(session_error(error, "worker-lost"))
+    # The run's sandbox may hold a half-done turn: the run ends here. The reaper on its host
+    # removes the sandbox (status failed), and the credential is revoked now.
+    credentials.revoke(deps.redis, deps.keys, run_id)
     deps.store.finish_turn(
         run_id,
         turn,
-        status="idle",
+        status="failed",
         usage=(0, 0, 0, None),
         fields={"last_error": f"worker-lost: {error}"},
     )
