@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     harness_queues: CommaList = ()
     """Harness queues this worker consumes (default: all)."""
     reap_interval_s: float = Field(60.0, gt=0)
+    heartbeat_ttl_s: int = Field(30, ge=2)
+    """A turn's owner heartbeat lives this long; a turn without one is closed as worker-lost."""
+    visibility_timeout_s: int = Field(0, ge=0)
+    """Broker redelivery delay for unacknowledged turns; 0 = above the longest allowed turn."""
     host_timeout_s: float = Field(30.0, gt=0)
     """How long a turn waits for a worker on its run's Docker host before failing."""
     metrics_port: int = Field(0, ge=0, le=65535)
@@ -151,8 +155,10 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def visibility_timeout_s(self) -> int:
+    def broker_visibility_timeout_s(self) -> int:
         """The broker's redelivery delay: above the longest turn a producer may ask for."""
+        if self.visibility_timeout_s:
+            return self.visibility_timeout_s
         return int(self.max_turn_timeout_s + self.shutdown_grace_s + 300)
 
     def image_for(self, harness: str) -> str | None:

@@ -168,6 +168,35 @@ class LocalProcess:
                 stdin.close()  # type: ignore[attr-defined]
 
 
+def _kill_recorded_groups(meta_path: Path) -> None:
+    """SIGKILL what is left of the process groups a run's turns started (see ``start``).
+
+    Only processes still in such a group *and* working inside the run's workspace are
+    killed, so a recycled process-group id never takes an unrelated process with it.
+    """
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return
+    groups = set(meta.get("pgids", []))
+    workspace = meta.get("workspace")
+    if not groups or not workspace:
+        return
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            pgid = int(stat.rsplit(")", 1)[1].split()[2])
+            if pgid not in groups:
+                continue
+            if not os.readlink(entry / "cwd").startswith(workspace):
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
 class LocalSandbox:
     """Runs each turn as a child process in ``root/run/<run_id>`` (or a durable workspace)."""
 
@@ -226,19 +255,28 @@ class LocalSandbox:
         process = LocalProcess(popen, spec.stdin)
         with self._lock:
             self._processes.setdefault(placement.run_id, set()).add(process)
+            # Recorded so that a teardown in another process (the reaper, after this worker
+            # died) can still find and stop the harness's process group.
+            self._update_meta(placement.run_id, {"workspace": str(workspace)}, popen.pid)
         return process
 
-    def renew(self, run_id: str, lease_until: float) -> None:
+    def _update_meta(self, run_id: str, fields: Mapping[str, str], pgid: int | None = None) -> None:
         path = self._meta_path(run_id)
         try:
             meta = json.loads(path.read_text())
         except (OSError, ValueError):
             meta = {"run_id": run_id}
-        meta["harness.lease_until"] = str(lease_until)
+        meta.update(fields)
+        if pgid is not None:
+            meta["pgids"] = [*meta.get("pgids", [])[-15:], pgid]
         try:
             path.write_text(json.dumps(meta))
         except OSError as exc:
-            log.warning("sandbox.renew_failed", extra={"run_id": run_id, "error": str(exc)})
+            log.warning("sandbox.meta_failed", extra={"run_id": run_id, "error": str(exc)})
+
+    def renew(self, run_id: str, lease_until: float) -> None:
+        with self._lock:
+            self._update_meta(run_id, {"harness.lease_until": str(lease_until)})
 
     def teardown(self, run_id: str, *, keep_workspace: bool = False) -> None:
         with self._lock:
@@ -252,6 +290,7 @@ class LocalSandbox:
             meta_path = self._meta_path(run_id)
         except SandboxError:
             return
+        _kill_recorded_groups(meta_path)
         if not keep_workspace:
             shutil.rmtree(self.root / "run" / run_id, ignore_errors=True)
         meta_path.unlink(missing_ok=True)

@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
-            "visibility_timeout": settings.visibility_timeout_s,
+            "visibility_timeout": settings.broker_visibility_timeout_s,
             "socket_connect_timeout": 5,
         },
         beat_schedule={

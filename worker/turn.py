@@ -46,7 +46,6 @@ from worker.spec import RunOptions, TurnPayload
 
 log = logging.getLogger(__name__)
 
-OWNER_TTL_S = 30
 REDIS_PATIENCE_S = 600.0
 """How long a finished turn keeps trying to reach Redis before giving up its events."""
 
@@ -114,7 +113,7 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload) -> str:
         return _redelivered(deps, run_id, turn, options)
 
     owner_key = keys.turn_owner(run_id, turn)
-    deps.redis.set(owner_key, deps.worker_id, ex=OWNER_TTL_S)
+    deps.redis.set(owner_key, deps.worker_id, ex=deps.settings.heartbeat_ttl_s)
     log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
     deps.shutdown.enter()
     try:
@@ -330,8 +329,8 @@ def _stop_check(deps: TurnDeps, run_id: str, turn: int) -> Callable[[], SessionE
             if deps.redis.exists(cancel_key):
                 return session_error("the turn was cancelled", "cancelled")
             now = time.monotonic()
-            if now - last_beat[0] >= OWNER_TTL_S / 3:
-                deps.redis.set(owner_key, deps.worker_id, ex=OWNER_TTL_S)
+            if now - last_beat[0] >= deps.settings.heartbeat_ttl_s / 3:
+                deps.redis.set(owner_key, deps.worker_id, ex=deps.settings.heartbeat_ttl_s)
                 last_beat[0] = now
         except (redis.ConnectionError, redis.TimeoutError):
             pass  # Redis is away: the turn goes on, its events wait in the publisher
