@@ -68,7 +68,7 @@ def build_command(request: TurnRequest) -> Command:
     (``--append-system-prompt-file``: appended to Claude Code's own prompt, no argv limit)."""
     argv = [request.executable or "claude", "-p", "--output-format", "stream-json", "--verbose"]
     files: dict[str, str] = {}
-    env = {"DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1"}
+    env = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
     if request.resume_session:
         argv += ["--resume", request.resume_session]
     if request.model:
@@ -272,9 +272,6 @@ def finish(state: State, exit: ExitInfo) -> list[Event]:
 
 
 def policy_warning(request: TurnRequest) -> str | None:
-    if request.posture == "dangerous" and request.deny:
-        return (
-            "claude-code skips every permission check in the dangerous posture: the deny "
-            "patterns are passed but bypassed"
-        )
+    # Every posture and pattern is enforced by the CLI; deny rules hold even with
+    # --dangerously-skip-permissions (verified live with 2.1.328).
     return None

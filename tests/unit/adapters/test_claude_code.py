@@ -82,7 +82,7 @@ def test_recorded_stream_keeps_stream_rules_when_fed_in_small_chunks(scenario: s
 
 
 def test_tool_turn_reports_command_answer_usage_and_cost() -> None:
-    events, _ = run("tool")
+    events, _ = run("ref-tool")
     assert by_type(events, "sandbox-activity") == [
         SandboxActivity(kind="command", description="echo tool-ok")
     ]
@@ -105,7 +105,7 @@ def test_tool_turn_reports_command_answer_usage_and_cost() -> None:
 
 
 def test_resumed_turn_reports_resumed_when_session_id_matches_offer() -> None:
-    events, driver = run("resume")
+    events, driver = run("ref-resume")
     (session,) = by_type(events, "session")
     assert session.resumed is True
     assert driver.state.resume_rejected is False
@@ -114,12 +114,12 @@ def test_resumed_turn_reports_resumed_when_session_id_matches_offer() -> None:
 
 
 def test_resumed_turn_reports_not_resumed_when_cli_answers_with_another_session() -> None:
-    events, _ = run("resume", resume_session="00000000-0000-0000-0000-000000000000")
+    events, _ = run("ref-resume", resume_session="00000000-0000-0000-0000-000000000000")
     assert by_type(events, "session")[0].resumed is False
 
 
 def test_stale_session_sets_resume_rejected_and_ends_with_session_error() -> None:
-    events, driver = run("badresume")
+    events, driver = run("ref-badresume")
     assert driver.state.resume_rejected is True
     assert driver.state.session_id is None
     assert by_type(events, "session") == []
@@ -136,7 +136,7 @@ def test_stale_session_detected_from_stderr_when_stdout_has_no_result() -> None:
 
 
 def test_auth_retry_line_ends_turn_as_auth_without_waiting_for_retries() -> None:
-    events, driver = run("401")
+    events, driver = run("ref-401")
     terminal = events[-1]
     assert isinstance(terminal, SessionError)
     assert (terminal.reason, terminal.retryable) == ("auth", False)

@@ -40,7 +40,7 @@ AFTER_TOOL = {
     "cached_input_tokens": 0,
     "output_tokens": 90,
 }
-CARRY = {"resume": AFTER_TOOL}
+CARRY = {"ref-resume": AFTER_TOOL}
 
 
 def request_for(scenario: str, **changes: Any) -> TurnRequest:
@@ -105,7 +105,7 @@ def test_recorded_stream_maps_the_same_when_fed_in_small_chunks(scenario: str) -
 
 
 def test_tool_turn_reports_thread_command_and_final_answer_without_model() -> None:
-    events, driver = run("tool")
+    events, driver = run("ref-tool")
     (session,) = by_type(events, "session")
     assert (session.session_id, session.resumed, session.model) == (THREAD, False, None)
     assert by_type(events, "sandbox-activity") == [
@@ -123,13 +123,13 @@ def test_tool_turn_reports_thread_command_and_final_answer_without_model() -> No
 
 
 def test_model_metadata_warning_item_is_not_an_error_or_text() -> None:
-    events, _ = run("tool")
+    events, _ = run("ref-tool")
     assert by_type(events, "assistant-text")[0].text == "Tool finished; final answer ✓"
     assert len(by_type(events, "assistant-text")) == 1
 
 
 def test_resumed_turn_subtracts_what_earlier_turns_of_the_thread_counted() -> None:
-    events, driver = run("resume")
+    events, driver = run("ref-resume")
     (session,) = by_type(events, "session")
     assert session.resumed is True
     (usage,) = by_type(events, "usage")
@@ -141,17 +141,17 @@ def test_resumed_turn_subtracts_what_earlier_turns_of_the_thread_counted() -> No
 
 def test_running_total_is_not_subtracted_when_carry_is_from_another_thread() -> None:
     other = {**AFTER_TOOL, "thread_id": "01a22a00-0000-7000-8000-000000000000"}
-    events, _ = run("resume", carry=other)
+    events, _ = run("ref-resume", carry=other)
     assert by_type(events, "usage")[0].input_tokens == 963
 
 
 def test_resumed_is_false_when_cli_starts_another_thread() -> None:
-    events, _ = run("tool", resume_session="01a22a00-0000-7000-8000-000000000000")
+    events, _ = run("ref-tool", resume_session="01a22a00-0000-7000-8000-000000000000")
     assert by_type(events, "session")[0].resumed is False
 
 
 def test_auth_failure_is_classified_from_turn_failed() -> None:
-    events, _ = run("401")
+    events, _ = run("ref-401")
     terminal = events[-1]
     assert isinstance(terminal, SessionError)
     assert (terminal.reason, terminal.retryable) == ("auth", False)

@@ -89,7 +89,7 @@ def test_recorded_stream_maps_the_same_when_fed_in_small_chunks(scenario: str) -
 
 
 def test_text_turn_reports_answer_usage_and_model_that_answered() -> None:
-    events, _ = run("text")
+    events, _ = run("ref-text")
     (session,) = by_type(events, "session")
     # init said gemini-2.5-flash (requested); stats.models names the one that answered.
     assert (session.model, session.resumed) == ("gemini-fake", False)
@@ -100,7 +100,7 @@ def test_text_turn_reports_answer_usage_and_model_that_answered() -> None:
 
 
 def test_tool_turn_reports_command_and_answer_after_the_tool() -> None:
-    events, _ = run("tool")
+    events, _ = run("ref-tool")
     assert by_type(events, "sandbox-activity") == [
         SandboxActivity(kind="command", description="echo tool-ok")
     ]
@@ -154,13 +154,13 @@ def test_model_that_did_the_work_wins_over_the_router_classifier() -> None:
 
 
 def test_resumed_turn_reports_resumed_when_session_id_matches_offer() -> None:
-    events, driver = run("resume")
+    events, driver = run("ref-resume")
     assert by_type(events, "session")[0].resumed is True
     assert driver.state.resume_rejected is False
 
 
 def test_auth_error_result_is_classified_as_auth() -> None:
-    events, _ = run("401")
+    events, _ = run("ref-401")
     terminal = events[-1]
     assert isinstance(terminal, SessionError)
     assert (terminal.reason, terminal.retryable) == ("auth", False)
