@@ -187,6 +187,10 @@ def test_grants_default_per_harness() -> None:
     assert load_settings().grants == DEFAULT_GRANTS
 
 
-def test_visibility_timeout_above_longest_turn() -> None:
+def test_broker_visibility_timeout_above_longest_turn_when_unset() -> None:
     settings = load_settings(max_turn_timeout_s=100, turn_timeout_s=50, shutdown_grace_s=5)
-    assert settings.visibility_timeout_s > 105
+    assert settings.broker_visibility_timeout_s > 105
+
+
+def test_broker_visibility_timeout_as_set_when_set() -> None:
+    assert load_settings(visibility_timeout_s=42).broker_visibility_timeout_s == 42
