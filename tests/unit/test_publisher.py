@@ -1,0 +1,237 @@
+"""RedisStreamPublisher: ids ``{turn}-{seq}``, order, batching, retries, masking (fakeredis)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fakeredis
+import pytest
+
+from adapters.events import AssistantText, Event, TurnComplete, TurnStarted, Usage, parse_event
+from worker.keys import Keys
+from worker.publisher import MASK, Masker, RedisStreamPublisher, last_seq
+
+RUN = "r" + "b" * 24
+KEYS = Keys("t")
+STREAM = KEYS.events(RUN)
+
+
+@pytest.fixture
+def server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def client(server: fakeredis.FakeServer) -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(server=server, decode_responses=True)
+
+
+class CountingClient:
+    """A real (fake) Redis that counts round trips: one per pipeline executed."""
+
+    def __init__(self, inner: fakeredis.FakeRedis) -> None:
+        self.inner = inner
+        self.round_trips = 0
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = self.inner.pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            self.round_trips += 1
+            return execute(*a, **kw)
+
+        pipe.execute = counted
+        return pipe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _publisher(client: Any, turn: int = 1, **kwargs: Any) -> RedisStreamPublisher:
+    kwargs.setdefault("maxlen", 1000)
+    kwargs.setdefault("retry_interval_s", 0.01)
+    return RedisStreamPublisher(client, KEYS, RUN, turn, **kwargs)
+
+
+def _texts(*texts: str) -> list[Event]:
+    return [AssistantText(text=t) for t in texts]
+
+
+def _entries(client: fakeredis.FakeRedis) -> list[tuple[str, dict[str, str]]]:
+    return list(client.xrange(STREAM))
+
+
+def test_entry_ids_are_turn_and_seq(client: fakeredis.FakeRedis) -> None:
+    publisher = _publisher(client, turn=3)
+    events = [TurnStarted(harness="pi", input_chars=2), *_texts("a", "b")]
+    assert publisher.publish(events) is True
+    assert [entry_id for entry_id, _ in _entries(client)] == ["3-0", "3-1", "3-2"]
+    assert publisher.seq == 3
+    assert publisher.published == 3
+
+
+def test_entry_fields_are_type_data_ts(client: fakeredis.FakeRedis) -> None:
+    event = Usage(input_tokens=3, cost_usd=0.5)
+    _publisher(client).publish([event])
+    ((_, fields),) = _entries(client)
+    assert set(fields) == {"type", "data", "ts"}
+    assert fields["type"] == "usage"
+    assert parse_event(fields["type"], json.loads(fields["data"])) == event
+    assert float(fields["ts"]) > 1_600_000_000
+
+
+def test_events_keep_order_across_publish_calls(client: fakeredis.FakeRedis) -> None:
+    publisher = _publisher(client, turn=2)
+    publisher.publish(_texts("a", "b"))
+    publisher.publish([])
+    publisher.publish(_texts("c"))
+    publisher.publish([TurnComplete(text="d")])
+    entries = _entries(client)
+    assert [e[0] for e in entries] == ["2-0", "2-1", "2-2", "2-3"]
+    assert [json.loads(e[1]["data"])["text"] for e in entries] == ["a", "b", "c", "d"]
+
+
+def test_turns_are_ranges_of_the_stream(client: fakeredis.FakeRedis) -> None:
+    _publisher(client, turn=1).publish(_texts("a", "b"))
+    _publisher(client, turn=2).publish(_texts("c"))
+    assert [e[0] for e in client.xrange(STREAM, "2", "2")] == ["2-0"]
+    assert [e[0] for e in client.xrange(STREAM, "1", "1")] == ["1-0", "1-1"]
+
+
+def test_start_seq_continues_a_turn(client: fakeredis.FakeRedis) -> None:
+    _publisher(client, turn=1).publish(_texts("a", "b"))
+    _publisher(client, turn=1, start_seq=2).publish(_texts("c"))
+    assert [e[0] for e in _entries(client)] == ["1-0", "1-1", "1-2"]
+
+
+def test_one_round_trip_per_publish_call(client: fakeredis.FakeRedis) -> None:
+    counting = CountingClient(client)
+    publisher = _publisher(counting)
+    publisher.publish(_texts(*"abcdefghij"))
+    assert counting.round_trips == 1
+    publisher.publish(_texts("k", "l"))
+    assert counting.round_trips == 2
+    assert len(_entries(client)) == 12
+
+
+def test_retried_batch_harmless_when_ids_already_stored(client: fakeredis.FakeRedis) -> None:
+    events = _texts("a", "b", "c", "d")
+    _publisher(client).publish(events[:2])  # delivered, but the sender never saw the reply
+    retry = _publisher(client)
+    assert retry.publish(events) is True
+    assert retry.pending == 0
+    assert retry.published == 4
+    entries = _entries(client)
+    assert [e[0] for e in entries] == ["1-0", "1-1", "1-2", "1-3"]
+    assert [json.loads(e[1]["data"])["text"] for e in entries] == ["a", "b", "c", "d"]
+
+
+def test_same_ids_published_twice_store_no_duplicate(client: fakeredis.FakeRedis) -> None:
+    events = _texts("a", "b")
+    assert _publisher(client).publish(events) is True
+    assert _publisher(client).publish(events) is True
+    assert len(_entries(client)) == 2
+
+
+def test_events_wait_in_memory_while_redis_down(
+    client: fakeredis.FakeRedis, server: fakeredis.FakeServer
+) -> None:
+    publisher = _publisher(client)
+    server.connected = False
+    assert publisher.publish(_texts("a", "b")) is False
+    assert publisher.pending == 2
+    assert publisher.publish(_texts("c")) is False
+    assert publisher.pending == 3
+    assert publisher.drain(0.05) is False
+    server.connected = True
+    assert publisher.flush(force=True) is True
+    assert publisher.pending == 0
+    entries = _entries(client)
+    assert [e[0] for e in entries] == ["1-0", "1-1", "1-2"]
+    assert [json.loads(e[1]["data"])["text"] for e in entries] == ["a", "b", "c"]
+
+
+def test_drain_sends_everything_once_redis_back(
+    client: fakeredis.FakeRedis, server: fakeredis.FakeServer
+) -> None:
+    publisher = _publisher(client)
+    server.connected = False
+    publisher.publish(_texts("a"))
+    server.connected = True
+    assert publisher.drain(5) is True
+    assert len(_entries(client)) == 1
+
+
+def test_flush_waits_retry_interval_unless_forced(
+    client: fakeredis.FakeRedis, server: fakeredis.FakeServer
+) -> None:
+    publisher = _publisher(client, retry_interval_s=60)
+    server.connected = False
+    publisher.publish(_texts("a"))
+    server.connected = True
+    assert publisher.flush() is False  # still inside the retry interval
+    assert publisher.flush(force=True) is True
+
+
+SECRET = "sk-live-0123456789"
+ODD_SECRET = 'pa"ss\\wörd-42'
+
+
+def test_secret_values_masked_in_published_data(client: fakeredis.FakeRedis) -> None:
+    publisher = _publisher(client, masker=Masker({"API_KEY": SECRET}))
+    publisher.publish(_texts(f"the key is {SECRET}!", "nothing here"))
+    entries = _entries(client)
+    assert SECRET not in json.dumps(entries)
+    assert json.loads(entries[0][1]["data"])["text"] == f"the key is {MASK}!"
+    assert json.loads(entries[1][1]["data"])["text"] == "nothing here"
+
+
+def test_json_escaped_secret_masked_and_data_stays_json(client: fakeredis.FakeRedis) -> None:
+    publisher = _publisher(client, masker=Masker({"PASSWORD": ODD_SECRET}))
+    publisher.publish(_texts(f"pw={ODD_SECRET}"))
+    ((_, fields),) = _entries(client)
+    data = json.loads(fields["data"])  # masking kept the data valid JSON
+    assert data["text"] == f"pw={MASK}"
+    assert ODD_SECRET not in fields["data"]
+    assert json.dumps(ODD_SECRET, ensure_ascii=False)[1:-1] not in fields["data"]
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        ODD_SECRET,
+        json.dumps(ODD_SECRET, ensure_ascii=False)[1:-1],
+        json.dumps(ODD_SECRET)[1:-1],
+    ],
+    ids=["raw", "json-escaped", "json-ascii-escaped"],
+)
+def test_masker_masks_every_form_of_secret(form: str) -> None:
+    masker = Masker([ODD_SECRET])
+    assert masker.mask(f"<{form}>") == f"<{MASK}>"
+
+
+def test_masker_leaves_short_values_alone() -> None:
+    masker = Masker({"A": "ab", "B": ""})
+    assert not masker
+    assert masker.mask("ab cd") == "ab cd"
+
+
+def test_masker_masks_longer_secret_first() -> None:
+    masker = Masker(["abcd", "abcdefgh"])
+    assert masker.mask("xabcdefghx") == f"x{MASK}x"
+
+
+def test_last_seq_empty_turn(client: fakeredis.FakeRedis) -> None:
+    assert last_seq(client, KEYS, RUN, 1) == (0, None)
+
+
+def test_last_seq_next_free_seq_and_last_type(client: fakeredis.FakeRedis) -> None:
+    _publisher(client, turn=1).publish([*_texts("a"), TurnComplete(text="x")])
+    _publisher(client, turn=2).publish([TurnStarted(harness="pi", input_chars=1), *_texts("b")])
+    _publisher(client, turn=10).publish(_texts("c"))
+    assert last_seq(client, KEYS, RUN, 1) == (2, "turn-complete")
+    assert last_seq(client, KEYS, RUN, 2) == (2, "assistant-text")
+    assert last_seq(client, KEYS, RUN, 3) == (0, None)
+    assert last_seq(client, KEYS, RUN, 10) == (1, "assistant-text")
