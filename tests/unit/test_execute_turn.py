@@ -1,0 +1,388 @@
+"""worker.turn.execute_turn without Celery: fakeredis, LocalSandbox and the demo harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+
+from config import Settings, load_settings
+from sandbox.local import LocalSandbox
+from worker.keys import Keys
+from worker.records import RunStore
+from worker.spec import RunOptions, TurnPayload, new_run_id
+from worker.turn import Shutdown, TurnDeps, execute_turn
+
+DEMO = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
+PREFIX = "tt"
+
+
+@dataclass
+class World:
+    deps: TurnDeps
+    client: fakeredis.FakeRedis
+    keys: Keys
+    store: RunStore
+    root: Path
+    executable: str
+
+    def run(self, **options: Any) -> str:
+        """Create a run record (turn 1 in flight) and return its id."""
+        options.setdefault("harness", "stdio-json")
+        options.setdefault("executable", self.executable)
+        options.setdefault("sandbox", "local")
+        run_id = new_run_id()
+        self.store.create(run_id, RunOptions(**options), queue="q", sandbox="local")
+        return run_id
+
+    def turn(self, run_id: str, text: str, turn: int = 1) -> str:
+        return execute_turn(self.deps, TurnPayload(run_id=run_id, turn=turn, input=text))
+
+    def events(self, run_id: str, turn: int | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+        low, high = ("-", "+") if turn is None else (str(turn), str(turn))
+        return [
+            (entry_id, fields["type"], json.loads(fields["data"]))
+            for entry_id, fields in self.client.xrange(self.keys.events(run_id), low, high)
+        ]
+
+    def workspace(self, run_id: str) -> Path:
+        return self.root / "local" / "run" / run_id
+
+    def sessions(self, run_id: str) -> list[Path]:
+        folder = self.workspace(run_id) / ".home" / ".demo-sessions"
+        return sorted(folder.iterdir()) if folder.exists() else []
+
+
+@pytest.fixture
+def make_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., World]]:
+    """A factory of worlds sharing one workspace root; every sandbox is torn down after."""
+    for name in list(os.environ):
+        if name.startswith("HARNESS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    # A wrapper with an absolute interpreter: the sandbox's HOME is the run's, not ours.
+    wrapper = tmp_path / "harness-demo"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{DEMO}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    sandboxes: list[LocalSandbox] = []
+
+    def make(**overrides: Any) -> World:
+        overrides.setdefault("allowed_executables", ("*",))
+        settings: Settings = load_settings(
+            sandbox="local",
+            key_prefix=PREFIX,
+            workspace_root=str(tmp_path),
+            exit_grace_s=1.0,
+            kill_grace_s=0.2,
+            **overrides,
+        )
+        client = fakeredis.FakeRedis(decode_responses=True)
+        keys = Keys(PREFIX)
+        store = RunStore(client, keys, settings.retention_s)
+        sandbox = LocalSandbox(tmp_path / "local")
+        sandboxes.append(sandbox)
+        deps = TurnDeps(
+            settings=settings,
+            redis=client,
+            keys=keys,
+            store=store,
+            sandbox_for=lambda backend: sandbox,
+            worker_id="test-host:1",
+            shutdown=Shutdown(settings.shutdown_grace_s),
+        )
+        return World(deps, client, keys, store, tmp_path, str(wrapper))
+
+    yield make
+    for sandbox in sandboxes:
+        for found in sandbox.managed():
+            sandbox.teardown(found.run_id)
+
+
+@pytest.fixture
+def world(make_world: Callable[..., World]) -> World:
+    return make_world()
+
+
+def _types(events: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    return [kind for _, kind, _ in events]
+
+
+def _assert_one_turn(events: list[tuple[str, str, dict[str, Any]]], turn: int) -> None:
+    """Ids ``{turn}-0..n`` contiguous; one turn-started first; one terminal, last."""
+    assert [entry_id for entry_id, _, _ in events] == [f"{turn}-{i}" for i in range(len(events))]
+    types = _types(events)
+    assert types[0] == "turn-started"
+    assert types.count("turn-started") == 1
+    terminals = [t for t in types if t in ("turn-complete", "session-error")]
+    assert len(terminals) == 1
+    assert types[-1] in ("turn-complete", "session-error")
+
+
+def test_completed_turn_publishes_events_in_order(world: World) -> None:
+    run_id = world.run()
+    assert world.turn(run_id, "hello there world") == "completed"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert _types(events) == [
+        "turn-started",
+        "session",
+        "assistant-text",
+        "sandbox-activity",
+        "assistant-text",
+        "usage",
+        "turn-complete",
+    ]
+    started, complete = events[0][2], events[-1][2]
+    assert started == {"harness": "stdio-json", "attempt": 1, "input_chars": 17}
+    assert complete["text"] == "You said: hello there world"
+    assert complete["exit_code"] == 0
+    assert complete["model"] == "demo-1"
+
+
+def test_completed_turn_updates_run_record(world: World) -> None:
+    run_id = world.run()
+    world.turn(run_id, "hello there world")
+    record = world.store.get(run_id)
+    session_id = world.events(run_id)[1][2]["session_id"]
+    assert record["status"] == "idle"
+    assert record["turns"] == 1
+    assert record["input_tokens"] == 3 + 12
+    assert record["output_tokens"] == 9
+    assert record["cost_usd"] == 0.0
+    assert record["session_id"] == session_id
+    assert record["resumed"] is False
+    assert record["model_reported"] == "demo-1"
+    assert record["last_error"] is None
+    assert record["sandbox"] == "local"
+    assert world.store.transcript(run_id) == [
+        {"turn": 1, "input": "hello there world", "output": "You said: hello there world"}
+    ]
+
+
+def test_second_turn_resumes_session(world: World) -> None:
+    run_id = world.run()
+    world.turn(run_id, "first")
+    first_session = world.store.get(run_id)["session_id"]
+    assert world.store.begin_turn(run_id) == 2
+    assert world.turn(run_id, "second", turn=2) == "completed"
+    events = world.events(run_id, 2)
+    _assert_one_turn(events, 2)
+    session = next(data for _, kind, data in events if kind == "session")
+    assert session == {"session_id": first_session, "resumed": True, "model": "demo-1"}
+    assert "turn 2 of this session" in events[-1][2]["text"]
+    record = world.store.get(run_id)
+    assert (record["status"], record["turns"], record["resumed"]) == ("idle", 2, True)
+    assert record["input_tokens"] == (1 + 12) + (1 + 12)
+
+
+def test_stale_resume_retried_fresh_without_replay_when_no_transcript(world: World) -> None:
+    run_id = world.run(resume_session="demo-stale")
+    assert world.turn(run_id, "hi") == "completed"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert "usage" in _types(events)
+    assert all(data["source"] == "harness" for _, kind, data in events if kind == "usage")
+    session = next(data for _, kind, data in events if kind == "session")
+    assert session["resumed"] is False
+    assert session["session_id"] != "demo-stale"
+    assert events[-1][2]["text"] == "You said: hi"
+    assert world.store.get(run_id)["session_id"] == session["session_id"]
+
+
+def test_stale_resume_replays_transcript_when_one_exists(world: World) -> None:
+    run_id = world.run()
+    world.turn(run_id, "remember the number 42")
+    for session_file in world.sessions(run_id):
+        session_file.unlink()  # the vendor forgot the session
+    world.store.begin_turn(run_id)
+    assert world.turn(run_id, "what was the number?", turn=2) == "completed"
+    events = world.events(run_id, 2)
+    _assert_one_turn(events, 2)
+    replays = [data for _, kind, data in events if kind == "usage" and data["source"] == "replay"]
+    assert len(replays) == 1
+    assert replays[0]["input_tokens"] > 0
+    assert _types(events).index("usage") < _types(events).index("session")
+    final = events[-1][2]["text"]
+    assert final.startswith("You said: [The previous session could not be resumed.")
+    session = next(data for _, kind, data in events if kind == "session")
+    assert session["resumed"] is False
+    assert world.store.get(run_id)["session_id"] == session["session_id"]
+
+
+def test_cancel_before_start_gives_cancelled_and_runs_nothing(world: World) -> None:
+    run_id = world.run()
+    world.client.set(world.keys.cancel(run_id, 1), "1")
+    assert world.turn(run_id, "hello") == "failed:cancelled"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert _types(events) == ["turn-started", "session-error"]
+    assert events[-1][2]["reason"] == "cancelled"
+    assert events[-1][2]["retryable"] is False
+    assert not world.workspace(run_id).exists()
+
+
+def test_idle_timeout_ends_turn_with_timeout(make_world: Callable[..., World]) -> None:
+    world = make_world(idle_timeout_s=0.5)
+    run_id = world.run()
+    started = time.monotonic()
+    assert world.turn(run_id, "@sleep 30") == "failed:timeout"
+    assert time.monotonic() - started < 5
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    error = events[-1][2]
+    assert error["reason"] == "timeout"
+    assert error["retryable"] is True
+    assert "no output" in error["error"]
+    assert world.store.get(run_id)["status"] == "idle"
+
+
+def test_turn_timeout_ends_turn_with_timeout(make_world: Callable[..., World]) -> None:
+    world = make_world(turn_timeout_s=1.0, idle_timeout_s=10.0)
+    run_id = world.run()
+    started = time.monotonic()
+    assert world.turn(run_id, "@stream 200 0.05") == "failed:timeout"
+    assert time.monotonic() - started < 6
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert events[-1][2]["reason"] == "timeout"
+    assert "timed out" in events[-1][2]["error"]
+    assert "assistant-text" in _types(events)
+
+
+def test_producer_timeout_ends_turn_with_timeout(world: World) -> None:
+    run_id = world.run(timeout_s=1.0)
+    started = time.monotonic()
+    assert world.turn(run_id, "@sleep 30") == "failed:timeout"
+    assert time.monotonic() - started < 6
+
+
+def test_exit_without_terminal_gives_exit_reason(world: World) -> None:
+    run_id = world.run()
+    assert world.turn(run_id, "@text partial\n@stderr going down\n@exit 3") == "failed:exit"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    error = events[-1][2]
+    assert (error["reason"], error["exit_code"], error["retryable"]) == ("exit", 3, True)
+    assert "going down" in error["stderr_tail"]
+    record = world.store.get(run_id)
+    assert record["status"] == "idle"
+    assert record["last_error"].startswith("exit:")
+
+
+def test_harness_error_reported_with_exit_code(world: World) -> None:
+    run_id = world.run()
+    assert world.turn(run_id, "@error model melted") == "failed:harness-error"
+    error = world.events(run_id)[-1][2]
+    assert error["error"] == "model melted"
+    assert error["exit_code"] == 0
+
+
+def test_executable_not_allowed_gives_invalid_input_and_runs_nothing(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(allowed_executables=("harness-demo",))
+    run_id = world.run()
+    assert world.turn(run_id, "hello") == "failed:invalid-input"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert _types(events) == ["turn-started", "session-error"]
+    error = events[-1][2]
+    assert error["reason"] == "invalid-input"
+    assert "HARNESS_ALLOWED_EXECUTABLES" in error["error"]
+    assert not world.workspace(run_id).exists()
+    assert world.store.get(run_id)["status"] == "failed"
+
+
+def test_empty_input_gives_invalid_input(world: World) -> None:
+    run_id = world.run()
+    assert world.turn(run_id, "   ") == "failed:invalid-input"
+    assert not world.workspace(run_id).exists()
+
+
+def test_redelivered_turn_runs_harness_once_and_adds_no_events(world: World) -> None:
+    run_id = world.run()
+    payload = TurnPayload(run_id=run_id, turn=1, input="only once")
+    assert execute_turn(world.deps, payload) == "completed"
+    before = world.events(run_id)
+    record = world.store.get(run_id)
+    assert execute_turn(world.deps, payload) == "duplicate"
+    assert world.events(run_id) == before
+    assert len(world.sessions(run_id)) == 1
+    after = world.store.get(run_id)
+    assert after["input_tokens"] == record["input_tokens"]
+
+
+def test_redelivered_turn_in_flight_elsewhere_left_alone(world: World) -> None:
+    run_id = world.run()
+    world.client.set(world.keys.turn_started(run_id, 1), "other-host:7")
+    world.client.set(world.keys.turn_owner(run_id, 1), "other-host:7", ex=30)
+    assert world.turn(run_id, "hello") == "duplicate"
+    assert world.events(run_id) == []
+    assert not world.workspace(run_id).exists()
+
+
+def test_orphaned_turn_closed_with_worker_lost(world: World) -> None:
+    run_id = world.run()
+    world.client.set(world.keys.turn_started(run_id, 1), "dead-host:9")
+    assert world.turn(run_id, "hello") == "worker-lost"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert _types(events) == ["turn-started", "session-error"]
+    error = events[-1][2]
+    assert error["reason"] == "worker-lost"
+    assert error["retryable"] is True
+    assert world.store.get(run_id)["last_error"].startswith("worker-lost")
+    assert not world.workspace(run_id).exists()
+
+
+def test_orphaned_turn_with_partial_events_gets_terminal_after_them(world: World) -> None:
+    run_id = world.run()
+    world.client.set(world.keys.turn_started(run_id, 1), "dead-host:9")
+    stream = world.keys.events(run_id)
+    world.client.xadd(stream, {"type": "turn-started", "data": "{}", "ts": "1"}, id="1-0")
+    world.client.xadd(stream, {"type": "assistant-text", "data": "{}", "ts": "1"}, id="1-1")
+    assert world.turn(run_id, "hello") == "worker-lost"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert _types(events) == ["turn-started", "assistant-text", "session-error"]
+
+
+def test_unknown_run_ignored(world: World) -> None:
+    run_id = new_run_id()
+    assert world.turn(run_id, "hello") == "unknown-run"
+    assert world.events(run_id) == []
+
+
+def test_granted_secret_reaches_harness_and_is_masked(
+    make_world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEMO_TOKEN", "tok-very-secret-123")
+    monkeypatch.setenv("NOT_GRANTED", "worker-only-value")
+    world = make_world()
+    run_id = world.run(grants=("DEMO_TOKEN",))
+    assert world.turn(run_id, "@env DEMO_TOKEN\n@env NOT_GRANTED") == "completed"
+    texts = [data["text"] for _, kind, data in world.events(run_id) if kind == "assistant-text"]
+    assert texts == ["DEMO_TOKEN=[masked]", "NOT_GRANTED=<unset>"]
+    dump = json.dumps(world.events(run_id))
+    assert "tok-very-secret-123" not in dump
+
+
+def test_shutdown_ends_turn_with_shutdown_reason(world: World) -> None:
+    world.deps.shutdown.request(immediate=True)
+    run_id = world.run()
+    started = time.monotonic()
+    assert world.turn(run_id, "@sleep 30") == "failed:shutdown"
+    assert time.monotonic() - started < 5
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert events[-1][2]["reason"] == "shutdown"
+    assert events[-1][2]["retryable"] is True
