@@ -183,6 +183,21 @@ def test_kill_idempotent(sandbox: LocalSandbox, placement: Placement) -> None:
     assert process.wait(0) == code
 
 
+def test_kill_idempotent_when_group_had_stubborn_children(
+    sandbox: LocalSandbox, placement: Placement
+) -> None:
+    process = _start(sandbox, placement, sys.executable, "-c", STUBBORN)
+    while (chunk := process.read(5)) is not None and chunk.stream != "stdout":
+        pass
+    process.kill(grace=0.5)
+    # Everything in the group got SIGKILL; a second kill has nothing left to wait for, even
+    # when an orphaned child lingers as a zombie because nothing reaps it (a container's
+    # PID 1 that is not an init, as on this machine).
+    started = time.monotonic()
+    process.kill(grace=0.5)
+    assert time.monotonic() - started < 0.25
+
+
 def test_kill_after_exit_harmless(sandbox: LocalSandbox, placement: Placement) -> None:
     process = _start(sandbox, placement, "/bin/true")
     _, _, code = _collect(process)
