@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -263,6 +264,35 @@ def test_producer_timeout_ends_turn_with_timeout(world: World) -> None:
     started = time.monotonic()
     assert world.turn(run_id, "@sleep 30") == "failed:timeout"
     assert time.monotonic() - started < 6
+
+
+def test_cancel_mid_turn_gives_cancelled(world: World) -> None:
+    run_id = world.run()
+    timer = threading.Timer(0.5, lambda: world.client.set(world.keys.cancel(run_id, 1), "1"))
+    timer.start()
+    try:
+        started = time.monotonic()
+        assert world.turn(run_id, "@text working\n@sleep 30") == "failed:cancelled"
+        assert time.monotonic() - started < 5
+    finally:
+        timer.cancel()
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert _types(events) == ["turn-started", "session", "assistant-text", "session-error"]
+    assert events[-1][2]["reason"] == "cancelled"
+
+
+def test_harness_lingering_after_terminal_killed_after_exit_grace(world: World) -> None:
+    run_id = world.run()
+    started = time.monotonic()
+    assert world.turn(run_id, "@complete done early\n@sleep 30") == "completed"
+    elapsed = time.monotonic() - started
+    assert elapsed < world.deps.settings.exit_grace_s + 4
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    complete = events[-1][2]
+    assert complete["text"] == "done early"
+    assert complete["exit_code"] is not None and complete["exit_code"] < 0  # killed
 
 
 def test_exit_without_terminal_gives_exit_reason(world: World) -> None:
