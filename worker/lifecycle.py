@@ -99,10 +99,10 @@ def reap_here() -> list[str]:
 
     deps = runtime.deps()
     report = ReapReport()
+    close_lost_turns(deps, report)  # first: a lost turn fails its run, whose sandbox goes next
     for backend in ("docker", "local"):
         try:
             reap_sandboxes(deps, deps.sandbox_for(backend), report)
         except SandboxError as exc:
             log.info("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
-    close_lost_turns(deps, report)
     return report.lines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Any
 
 import redis
@@ -63,11 +64,32 @@ def _announce(**_: object) -> None:
     """Register this host's queue, then clean up after whatever crashed here before."""
     deps = runtime.deps()
     deps.redis.hset(deps.keys.hosts(), deps.settings.host_queue, deps.worker_id)
+    _stop_turns_before_cold_shutdown()
     try:
         for line in lifecycle.reap_here():
             log.info("reaper.startup", extra={"removed": line})
     except Exception:
         log.exception("reaper.startup_failed")
+
+
+def _stop_turns_before_cold_shutdown() -> None:
+    """Run ahead of Celery's own SIGQUIT handler.
+
+    Celery's cold shutdown cancels active requests through the pool, which the threads pool
+    cannot do (celery 5.7 raises NotImplementedError), and then exits without waiting. So we
+    stop every in-flight turn first (each publishes its ``shutdown`` terminal and kills its
+    harness) and only then hand over to Celery.
+    """
+    celery_handler = signal.getsignal(signal.SIGQUIT)
+
+    def handler(signum: int, frame: object) -> None:
+        shutdown = runtime.deps().shutdown
+        shutdown.request(immediate=True)
+        shutdown.wait_idle(timeout_s=15)
+        if callable(celery_handler):
+            celery_handler(signum, frame)  # type: ignore[arg-type]
+
+    signal.signal(signal.SIGQUIT, handler)
 
 
 @worker_shutting_down.connect
