@@ -110,6 +110,11 @@ class Settings(BaseSettings):
     def _comma_list(cls, value: object) -> object:
         return _split(value)
 
+    @field_validator("docker_url", mode="before")
+    @classmethod
+    def _empty_is_default(cls, value: object) -> object:
+        return None if value == "" else value
+
     @field_validator("images", mode="before")
     @classmethod
     def _image_map(cls, value: object) -> object:
@@ -129,7 +134,7 @@ class Settings(BaseSettings):
     @classmethod
     def _grant_map(cls, value: object) -> object:
         if isinstance(value, str):
-            result: dict[str, tuple[str, ...]] = {}
+            result: dict[str, tuple[str, ...]] = dict(DEFAULT_GRANTS)
             for item in value.split(";"):
                 if not item.strip():
                     continue

@@ -114,8 +114,11 @@ class LocalProcess:
             return None
 
     def kill(self, grace: float = 1.0) -> None:
+        if self._killed:
+            return
         pgid = self._popen.pid  # the child leads its own group (start_new_session)
         if not self._group_alive(pgid):
+            self._killed = True
             return
         self._signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -134,9 +137,9 @@ class LocalProcess:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return False
-        # A reaped leader with no other members means the group is gone; a zombie leader
-        # with no children is waited for by poll() above, so a success here is real.
-        return True
+        # killpg(0) also succeeds for unreaped zombies (orphans whose new parent does not
+        # reap them, as when the worker runs as PID 1): only living members count.
+        return bool(_group_members(pgid, alive_only=True))
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -168,6 +171,23 @@ class LocalProcess:
                 stdin.close()  # type: ignore[attr-defined]
 
 
+def _group_members(pgid: int, *, alive_only: bool = False) -> list[tuple[int, str]]:
+    """(pid, cwd) of the processes in a process group, read from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid or (alive_only and fields[0] == "Z"):
+                continue
+            cwd = os.readlink(entry / "cwd") if not alive_only else ""
+        except (OSError, ValueError, IndexError):
+            continue
+        members.append((int(entry.name), cwd))
+    return members
+
+
 def _kill_recorded_groups(meta_path: Path) -> None:
     """SIGKILL what is left of the process groups a run's turns started (see ``start``).
 
@@ -182,19 +202,11 @@ def _kill_recorded_groups(meta_path: Path) -> None:
     workspace = meta.get("workspace")
     if not groups or not workspace:
         return
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            pgid = int(stat.rsplit(")", 1)[1].split()[2])
-            if pgid not in groups:
-                continue
-            if not os.readlink(entry / "cwd").startswith(workspace):
-                continue
-            os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            continue
+    for pgid in groups:
+        for pid, cwd in _group_members(pgid):
+            if cwd.startswith(workspace):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 class LocalSandbox:

@@ -20,7 +20,7 @@ IMAGE_REF = re.compile(
     r"(?:@sha256:[a-f0-9]{64})?$"
 )
 SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # for one-line fields: newlines and tabs too
 
 
 def new_run_id() -> str:
