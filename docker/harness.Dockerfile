@@ -39,27 +39,38 @@ RUN set -eu; \
     fi; \
     mkdir -p /workspace && chown 1000:1000 /workspace
 
-# The CLIs live outside any HOME (HOME is per run, in the workspace), read-only for the user.
-# scripts/install-clis is the one place that knows how to install them and how to pre-seed
-# OpenCode's per-HOME package tree, so the image uses it as the host does.
-COPY docker/clis/ /opt/harness-clis/src/docker/clis/
-COPY scripts/install-clis /opt/harness-clis/src/scripts/install-clis
+# The CLIs live outside any HOME (HOME is per run, in the workspace), read-only for the user,
+# installed from docker/clis/package.json with its lock file, as scripts/install-clis does on
+# a host. scripts/build-images runs that script on the host (where the registry's TLS setup is
+# known to work) and puts the result in the build context as docker/clis/node_modules and
+# docker/clis/opencode-home; from a plain checkout neither exists and npm runs here.
+# OpenCode installs @opencode-ai/plugin at its own version into $HOME/.config/opencode on every
+# start unless it is already there (see scripts/install-clis): it is pre-seeded once, and the
+# skeleton HOME below links to that tree, so a new run copies a few bytes, not 60 MB.
+COPY docker/clis/ /opt/harness-clis/
 RUN set -eu; \
     cd /opt/harness-clis; \
-    HOME=/root src/scripts/install-clis /opt/harness-clis >/dev/null; \
-    HOME=/root src/scripts/install-clis --seed-opencode /opt/harness-home; \
-    if [ -d /opt/harness-home/.config/opencode/node_modules ]; then \
-        mv /opt/harness-home/.config/opencode/node_modules /opt/harness-clis/opencode-plugin; \
-        ln -s /opt/harness-clis/opencode-plugin /opt/harness-home/.config/opencode/node_modules; \
+    if [ ! -d node_modules ]; then \
+        if [ -f package-lock.json ]; then npm ci --no-audit --no-fund; \
+        else npm install --no-audit --no-fund; fi; \
+    fi; \
+    if [ ! -d opencode-home ]; then \
+        version="$(node -p 'require("./package.json").dependencies["opencode-ai"]')"; \
+        mkdir -p opencode-home/.config/opencode; \
+        printf '{\n  "dependencies": {\n    "@opencode-ai/plugin": "%s"\n  }\n}\n' "$version" \
+            >opencode-home/.config/opencode/package.json; \
+        (cd opencode-home/.config/opencode && npm install --no-audit --no-fund); \
     fi; \
     rm -rf /root/.npm /root/.cache /tmp/*; \
-    chmod -R a+rX /opt/harness-clis /opt/harness-home; \
     for cli in claude codex gemini opencode pi; do \
-        test -x "/opt/harness-clis/node_modules/.bin/$cli" || { echo "missing CLI $cli" >&2; exit 1; }; \
-    done
+        test -x "node_modules/.bin/$cli" || { echo "missing CLI $cli" >&2; exit 1; }; \
+    done; \
+    mkdir -p /opt/harness-home/.config/opencode; \
+    cp opencode-home/.config/opencode/package*.json /opt/harness-home/.config/opencode/; \
+    ln -s /opt/harness-clis/opencode-home/.config/opencode/node_modules \
+        /opt/harness-home/.config/opencode/node_modules
 
-# A run's fresh HOME is filled from this skeleton by the sandbox (sandbox/docker.py). The
-# OpenCode plugin tree itself stays in the image, linked, so a run copies a few bytes, not 60 MB.
+# A run's fresh HOME is filled from this skeleton by the sandbox (sandbox/docker.py).
 LABEL harness.home_skeleton=/opt/harness-home
 ENV PATH=/opt/harness-clis/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8

@@ -526,7 +526,9 @@ class DockerSandbox:
             raise
         process = DockerProcess(self, container, exec_id, marker, started, sock, stream, spec.stdin)
         with self._lock:
-            self._processes.setdefault(placement.run_id, set()).add(process)
+            running = self._processes.setdefault(placement.run_id, set())
+            running.difference_update([p for p in running if p.eof])
+            running.add(process)
         log.info(
             "sandbox.exec",
             extra={

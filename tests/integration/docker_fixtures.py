@@ -75,6 +75,11 @@ def demo_image(docker_daemon: None) -> str:
     return ensure_images(["demo"])["demo"]
 
 
+@pytest.fixture(scope="session")
+def clis_image(docker_daemon: None) -> str:
+    return ensure_images(["clis"])["clis"]
+
+
 @pytest.fixture
 def docker_sandbox(tmp_path: Path, docker_daemon: None) -> Iterator[DockerSandbox]:
     """A DockerSandbox in its own scope (so no other deployment's reaper sees its

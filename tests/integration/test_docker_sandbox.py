@@ -27,6 +27,8 @@ from sandbox.base import (
     StartFailed,
 )
 from sandbox.docker import DockerProcess, DockerSandbox
+from tests.fakemodel.clis import HARNESSES, raw_invocation
+from tests.fakemodel.server import FakeModelServer
 from tests.integration import docker_fixtures
 
 # The fixtures this module uses, by name (the integration conftest may import them as well).
@@ -34,6 +36,7 @@ docker_daemon = docker_fixtures.docker_daemon
 demo_image = docker_fixtures.demo_image
 docker_sandbox = docker_fixtures.docker_sandbox
 docker_run = docker_fixtures.docker_run
+clis_image = docker_fixtures.clis_image
 
 MakeRun = Callable[..., tuple[Placement, RunSpec]]
 
@@ -560,3 +563,30 @@ def test_an_unreachable_daemon_raises_sandbox_unavailable(tmp_path: Path) -> Non
         sandbox.prepare(RunSpec(run_id="r1", image="harness-worker/demo:1"))
 
     assert "dead.sock" in str(caught.value)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.conformance
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_each_cli_in_the_cli_image_answers_from_a_hardened_container(
+    docker_sandbox: DockerSandbox, docker_run: MakeRun, clis_image: str, harness: str
+) -> None:
+    # Host networking only to reach the fake model server on this host's loopback.
+    placement, _ = docker_run(image=clis_image, network="host")
+    with FakeModelServer("text") as fake:
+        invocation = raw_invocation(
+            harness, prompt="Say hello", home=placement.home, base_url=fake.url
+        )
+        env = {k: v for k, v in invocation.env.items() if k != "HOME"}
+        process = docker_sandbox.start(
+            placement,
+            ExecSpec(argv=tuple(invocation.argv), env=env, files=invocation.files, stdin=b""),
+            invocation.secrets,
+        )
+        out, err, code = collect(process, timeout=120)
+        requests = fake.requests
+
+    assert code == 0, err.decode(errors="replace")[-2000:]
+    assert any(line.startswith("{") for line in out.decode(errors="replace").splitlines())
+    assert requests, "the CLI never reached the fake model server"
