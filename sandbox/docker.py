@@ -19,6 +19,18 @@ label ``harness.lease_until`` and every :meth:`renew` writes ``<root>/leases/<ru
 (outside the workspace, where the harness cannot extend its own lease); :meth:`managed`
 reports the later of the two.
 
+A new container is probed with one exec before prepare() returns (it runs, has /bin/sh, and
+the user can write the workspace), so a broken image fails there, as StartFailed, with the
+container and a new workspace removed again.
+
+Each turn runs under a small sh wrapper that reports the harness's pid and output pipes on
+stderr (a sentinel line start() consumes) and then execs the harness. Stopping a turn means
+stopping processes inside the container, which closing our end of the exec would not do:
+``DockerProcess.kill`` runs a second exec that signals every process of the turn (its
+session, its environment marker, or holding its output pipes), TERM then KILL; see
+``_KILLER``. Exec streams are read from our own upgraded connection (docker_stream.py), with
+no read timeout, stdout and stderr demultiplexed, stdin half-closed after it is written.
+
 Secrets reach only the environment of the turn's exec. They are never in the container's
 create arguments, labels, command, or our logs, so ``docker inspect`` does not show them.
 
