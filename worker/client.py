@@ -18,10 +18,12 @@ from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, TurnStarted, session_error
 from config import Settings, load_settings
+from worker import hosts
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
 from worker.errors import HarnessError, RunNotFound, Unavailable
 from worker.keys import Keys, SyncRedis
+from worker.lifecycle import fail_stranded_turn
 from worker.policy import check_input, resolve
 from worker.publisher import RedisStreamPublisher, last_seq
 from worker.records import IN_FLIGHT, RunStore
@@ -127,9 +129,15 @@ class HarnessClient:
         check_run_id(run_id)
         check_input(input, self.settings)
         turn = self.store.begin_turn(run_id)
-        queue = self.store.raw(run_id).get("queue") or harness_queue(
-            self.store.options(run_id).harness, self.settings.key_prefix
-        )
+        raw = self.store.raw(run_id)
+        harness = raw.get("harness", "")
+        queue = raw.get("queue") or harness_queue(harness, self.settings.key_prefix)
+        if hosts.is_host_queue(queue, self.keys) and not hosts.alive(self.redis, self.keys, queue):
+            # The run's container is on a host with no live worker: waiting would be forever.
+            fail_stranded_turn(
+                self.redis, self.keys, self.store, self.settings, run_id, turn, harness, queue
+            )
+            return turn
         self._send(run_id, turn, input, queue)
         return turn
 

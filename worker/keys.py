@@ -50,5 +50,9 @@ class Keys:
         return f"{self.prefix}:runs:active"
 
     def hosts(self) -> str:
-        """A hash host queue -> last heartbeat of a worker consuming it."""
+        """A hash of every host queue a worker ever announced (for the reaper's fan-out)."""
         return f"{self.prefix}:hosts"
+
+    def host_alive(self, queue: str) -> str:
+        """Set, with a short expiry, while a worker consumes this host queue."""
+        return f"{self.prefix}:host:{queue}"

@@ -6,11 +6,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from adapters.events import Event, TurnStarted, session_error
+from config import Settings
 from sandbox.base import Sandbox, SandboxError
-from worker import credentials
+from worker import credentials, hosts
 from worker.errors import RunNotFound
-from worker.publisher import last_seq
-from worker.records import FINISHED, IN_FLIGHT
+from worker.keys import Keys, SyncRedis
+from worker.publisher import RedisStreamPublisher, last_seq
+from worker.records import FINISHED, IN_FLIGHT, RunStore
 from worker.turn import TurnDeps, close_lost_turn
 
 log = logging.getLogger(__name__)
@@ -99,10 +102,79 @@ def reap_here() -> list[str]:
 
     deps = runtime.deps()
     report = ReapReport()
-    close_lost_turns(deps, report)  # first: a lost turn fails its run, whose sandbox goes next
+    # First: a lost or stranded turn fails its run, whose sandbox then goes in the same pass.
+    close_lost_turns(deps, report)
+    close_stranded_turns(deps, report)
     for backend in ("docker", "local"):
         try:
             reap_sandboxes(deps, deps.sandbox_for(backend), report)
         except SandboxError as exc:
             log.info("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
     return report.lines()
+
+
+def fail_stranded_turn(
+    deps_redis: SyncRedis,
+    keys: Keys,
+    store: RunStore,
+    settings: Settings,
+    run_id: str,
+    turn: int,
+    harness: str,
+    queue: str,
+) -> bool:
+    """End a turn routed to a host that has no live worker. False if a worker took it."""
+    ttl = settings.retention_s + settings.run_lease_s
+    if not deps_redis.set(keys.turn_started(run_id, turn), "host-gone", nx=True, ex=ttl):
+        return False
+    error = (
+        f"no worker is consuming {queue}: the host of this run's container is gone "
+        "(start a worker there, or end the run and start a new one)"
+    )
+    next_seq, _ = last_seq(deps_redis, keys, run_id, turn)
+    publisher = RedisStreamPublisher(
+        deps_redis, keys, run_id, turn, maxlen=settings.stream_maxlen, start_seq=next_seq
+    )
+    events: list[Event] = []
+    if next_seq == 0:
+        events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
+    events.append(session_error(error, "sandbox"))
+    store.finish_turn(
+        run_id,
+        turn,
+        status="failed",
+        usage=(0, 0, 0, None),
+        fields={"last_error": f"sandbox: {error}"},
+    )
+    credentials.revoke(deps_redis, keys, run_id)
+    publisher.publish(events)
+    publisher.drain(30)
+    log.warning("turn.host_gone", extra={"run_id": run_id, "turn": turn, "queue": queue})
+    return True
+
+
+def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> None:
+    """Close queued turns whose run's host has no live worker any more."""
+    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+        raw = deps.redis.hgetall(deps.keys.run(run_id))
+        if not raw or raw.get("status") not in IN_FLIGHT:
+            continue
+        queue = raw.get("queue", "")
+        if not hosts.is_host_queue(queue, deps.keys) or hosts.alive(deps.redis, deps.keys, queue):
+            continue
+        turn = int(raw.get("current_turn") or 0)
+        if (
+            turn
+            and fail_stranded_turn(
+                deps.redis,
+                deps.keys,
+                deps.store,
+                deps.settings,
+                run_id,
+                turn,
+                raw.get("harness", ""),
+                queue,
+            )
+            and report is not None
+        ):
+            report.lost_turns.append(f"{run_id}/{turn}")

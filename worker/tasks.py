@@ -10,7 +10,7 @@ import redis
 from celery import Task
 from celery.signals import worker_ready, worker_shutting_down
 
-from worker import lifecycle, runtime
+from worker import hosts, lifecycle, runtime
 from worker.app import app
 from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST
 from worker.publisher import last_seq
@@ -53,16 +53,25 @@ def reap_host() -> list[str]:
 def reap() -> int:
     """Fan the reaper out to every host that has a live worker."""
     deps = runtime.deps()
-    hosts = deps.redis.hkeys(deps.keys.hosts()) or [deps.settings.host_queue]
-    for queue in hosts:
+    live = [q for q in deps.redis.hkeys(deps.keys.hosts()) if hosts.alive(deps.redis, deps.keys, q)]
+    for queue in live:
         reap_host.apply_async(queue=queue)
-    return len(hosts)
+    # Turns routed to a host that is gone would wait forever: close them here.
+    lifecycle.close_stranded_turns(deps)
+    return len(live)
 
 
 @worker_ready.connect
 def _announce(**_: object) -> None:
     """Register this host's queue, then clean up after whatever crashed here before."""
     deps = runtime.deps()
+    hosts.start_heartbeat(
+        deps.redis,
+        deps.keys,
+        deps.settings.host_queue,
+        deps.worker_id,
+        ttl_s=deps.settings.host_timeout_s,
+    )
     deps.redis.hset(deps.keys.hosts(), deps.settings.host_queue, deps.worker_id)
     _stop_turns_before_cold_shutdown()
     try:

@@ -1,0 +1,74 @@
+"""Run affinity: later turns go to the run's host; a gone host fails turns instead of hanging."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.conftest import DEMO, Env, WorkerProcess, start_worker
+
+pytestmark = [pytest.mark.redis, pytest.mark.celery]
+
+
+def test_later_turns_are_routed_to_the_run_host_queue(
+    env: Env, workers: list[WorkerProcess]
+) -> None:
+    a = start_worker(env, HARNESS_HOST_QUEUE=f"{env.prefix}.host.a")
+    b = start_worker(env, HARNESS_HOST_QUEUE=f"{env.prefix}.host.b", HARNESS_HARNESS_QUEUES="codex")
+    workers += [a, b]
+    client = env.client()
+    run_id = client.start_run("stdio-json", "first", executable=DEMO)
+    client.wait(run_id, 1, timeout=30)
+    assert client.status(run_id)["queue"] == f"{env.prefix}.host.a"  # b does not serve stdio-json
+    for turn in range(2, 5):
+        client.submit_turn(run_id, f"turn {turn}")
+        assert client.wait(run_id, turn, timeout=30).type == "turn-complete"
+    assert a.logs().count("Task harness.run_turn") >= 4
+    assert "Task harness.run_turn" not in b.logs()
+
+
+def test_turn_for_a_gone_host_fails_at_once(env: Env, workers: list[WorkerProcess]) -> None:
+    worker = start_worker(env, HARNESS_HOST_TIMEOUT_S="2")
+    workers.append(worker)
+    client = env.client()
+    run_id = client.start_run("stdio-json", "first", executable=DEMO)
+    client.wait(run_id, 1, timeout=30)
+    worker.stop()
+    time.sleep(2.5)  # the host's heartbeat lapses
+    started = time.monotonic()
+    turn = client.submit_turn(run_id, "second")
+    terminal = client.wait(run_id, turn, timeout=5)
+    assert time.monotonic() - started < 2
+    assert terminal.data["reason"] == "sandbox"
+    assert "host of this run's container is gone" in terminal.data["error"]
+    record = client.status(run_id)
+    assert record["status"] == "failed"
+    assert record["last_error"].startswith("sandbox: no worker is consuming")
+
+
+def test_queued_turn_is_closed_when_its_host_dies(env: Env, workers: list[WorkerProcess]) -> None:
+    worker = start_worker(env, HARNESS_HOST_TIMEOUT_S="3")
+    workers.append(worker)
+    client = env.client()
+    run_id = client.start_run("stdio-json", "first", executable=DEMO)
+    client.wait(run_id, 1, timeout=30)
+    worker.proc.send_signal(signal.SIGKILL)  # dies with its heartbeat still fresh
+    worker.proc.wait(10)
+    turn = client.submit_turn(run_id, "queued for a dead host")
+    assert client.status(run_id)["status"] == "running"
+    time.sleep(3.5)
+    reap = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "reap"],
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, **env.vars},
+    )
+    assert reap.returncode == 0, reap.stderr
+    terminal = client.wait(run_id, turn, timeout=5)
+    assert terminal.data["reason"] == "sandbox"
+    assert client.status(run_id)["status"] == "failed"
