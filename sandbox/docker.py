@@ -601,6 +601,24 @@ class DockerSandbox:
                     extra={"run_id": run_id, "error": str(exc), "step": "remove workspace"},
                 )
 
+    def diagnose(self, run_id: str) -> str | None:
+        """Why the run's container cannot run turns: gone, OOM-killed, stopped, daemon down."""
+        try:
+            with self._seam("inspect the run's container", run_id=run_id):
+                container = self._find(container_name(run_id))
+                if container is None:
+                    return f"the container of run {run_id} is gone"
+                state: dict[str, Any] = container.attrs.get("State") or {}
+        except SandboxError as exc:
+            return str(exc)
+        limit = (container.attrs.get("HostConfig") or {}).get("Memory") or 0
+        if state.get("OOMKilled"):
+            shown = f" ({limit // (1024 * 1024)} MiB)" if limit else ""
+            return f"the container was killed for exceeding its memory limit{shown}"
+        if state.get("Status") != "running":
+            return f"the container is {state.get('Status')} (exit code {state.get('ExitCode')})"
+        return None
+
     def managed(self) -> list[ManagedSandbox]:
         """This scope's containers on this daemon, with run id, lease and worker."""
         with self._seam("list the harness containers"):

@@ -39,7 +39,9 @@ def make_sandbox(backend: str, settings: Settings) -> Sandbox:
     if backend == "docker":
         from sandbox.docker import DockerSandbox
 
-        docker_sandbox: Sandbox = DockerSandbox(root / "docker", base_url=settings.docker_url)
+        docker_sandbox: Sandbox = DockerSandbox(
+            root / "docker", base_url=settings.docker_url, scope=settings.key_prefix
+        )
         return docker_sandbox
     raise SandboxError(f"unknown sandbox backend {backend!r}")
 
