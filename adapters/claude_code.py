@@ -95,13 +95,8 @@ def build_command(request: TurnRequest) -> Command:
         argv += ["--disallowedTools", *request.deny]
     if request.base_url:
         env["ANTHROPIC_BASE_URL"] = request.base_url
-    return Command(
-        argv=tuple(argv),
-        stdin=request.input.encode("utf-8"),
-        env=env,
-        files=files,
-        cwd=request.workspace,
-    )
+    stdin = request.input.encode("utf-8")
+    return Command(tuple(argv), stdin, env, files, cwd=request.workspace)
 
 
 def _str(value: Any) -> str | None:
@@ -122,8 +117,7 @@ def _session(state: State) -> list[Event]:
 
 def _activity(block: dict[str, Any]) -> SandboxActivity:
     name = _str(block.get("name")) or "tool"
-    raw = block.get("input")
-    args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    args = _dict(block.get("input"))
     if name in _COMMAND_TOOLS and _str(args.get("command")):
         return SandboxActivity(kind="command", description=args["command"])
     if name in _FILE_TOOLS:
@@ -174,9 +168,8 @@ def _system(message: dict[str, Any], state: State) -> list[Event]:
         name = _str(message.get("tool_name")) or "tool"
         return _denial(tool_id, name, _str(message.get("message")), state)
     if subtype == "api_retry":
-        delay = message.get("retry_delay_ms")
-        if isinstance(delay, int | float) and not isinstance(delay, bool):
-            state.retry_delay_s = delay / 1000
+        delay = _num(message.get("retry_delay_ms"))
+        state.retry_delay_s = delay / 1000 if delay is not None else state.retry_delay_s
         status = message.get("error_status")
         error = _str(message.get("error")) or ""
         if status in (401, 403) or error == "authentication_failed":
@@ -193,18 +186,35 @@ def _stale(state: State, detail: str, exit: ExitInfo | None = None) -> list[Even
     return [session_error(detail, "harness-error", exit_code=code, stderr_tail=tail)]
 
 
-def _usage(message: dict[str, Any]) -> Usage:
-    raw = message.get("usage")
-    usage: dict[str, Any] = raw if isinstance(raw, dict) else {}
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and type(value) is not bool else None
+
+
+def _cost(message: dict[str, Any], state: State) -> float | None:
+    # On a resumed session total_cost_usd is the whole conversation's (2.1.328); this
+    # invocation's is in model_usage_since_last_result.
+    raw = message.get("model_usage_since_last_result")
+    since = [_num(v.get("costUSD")) for v in _dict(raw).values() if isinstance(v, dict)]
+    if since and None not in since:
+        return sum(c or 0.0 for c in since)
+    resumed = state.offered_session is not None and state.offered_session == state.session_id
+    return None if resumed else _num(message.get("total_cost_usd"))
+
+
+def _usage(message: dict[str, Any], state: State) -> Usage:
+    usage = _dict(message.get("usage"))
     cached = _int(usage.get("cache_read_input_tokens"))
     # Anthropic counts cache reads and writes apart from input_tokens; ours includes them.
     fresh = _int(usage.get("input_tokens")) + _int(usage.get("cache_creation_input_tokens"))
-    cost = message.get("total_cost_usd")
     return Usage(
         input_tokens=fresh + cached,
         output_tokens=_int(usage.get("output_tokens")),
         cached_input_tokens=cached,
-        cost_usd=float(cost) if isinstance(cost, int | float) and type(cost) is not bool else None,
+        cost_usd=_cost(message, state),
     )
 
 
@@ -216,7 +226,7 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
         return _stale(state, "; ".join(errors) or text)
     state.session_id = state.session_id or _str(message.get("session_id"))
     out = _session(state)
-    usage = _usage(message)
+    usage = _usage(message, state)
     if usage.input_tokens or usage.output_tokens or usage.cost_usd:
         out.append(usage)
     for denial in message.get("permission_denials") or []:
@@ -224,16 +234,10 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
             name = _str(denial.get("tool_name")) or "tool"
             out += _denial(_str(denial.get("tool_use_id")) or "", name, None, state)
     if not failed:
+        totals = usage.model_dump(include={"input_tokens", "output_tokens", "cost_usd"})
         return [
             *out,
-            TurnComplete(
-                text=text,
-                session_id=state.session_id,
-                model=state.model,
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cost_usd=usage.cost_usd,
-            ),
+            TurnComplete(text=text, session_id=state.session_id, model=state.model, **totals),
         ]
     detail = "; ".join(errors) or text or state.api_error or "Claude Code reported an error"
     status = message.get("api_error_status")

@@ -201,29 +201,19 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:
-    tail = exit.stderr_tail
+    tail, code = exit.stderr_tail, exit.exit_code
+    last = tail.strip().splitlines()[-1] if tail.strip() else ""
     if state.offered_session and state.session_id is None and _STALE.search(tail):
         # 0.169.0: "Error: thread/resume: thread/resume failed: no rollout found for thread
         # id …" on stderr, exit 1, nothing on stdout.
         state.resume_rejected = True
-        return [
-            session_error(
-                f"codex could not resume {state.offered_session}: no such thread",
-                "harness-error",
-                exit_code=exit.exit_code,
-                stderr_tail=tail,
-            )
-        ]
-    for text in (state.last_error, tail):
-        if text and classify(text).reason != "harness-error":
-            return [
-                error_event(
-                    text.strip().splitlines()[-1] if text is tail else text,
-                    text=text,
-                    exit_code=exit.exit_code,
-                    stderr_tail=tail,
-                )
-            ]
+        detail = f"codex could not resume {state.offered_session}: no such thread"
+        return [session_error(detail, "harness-error", exit_code=code, stderr_tail=tail)]
+    if "input_too_large" in tail:  # 0.169.0 takes at most 1048576 characters of input
+        return [session_error(last, "invalid-input", exit_code=code, stderr_tail=tail)]
+    for text, detail in ((state.last_error or "", state.last_error or ""), (tail, last)):
+        if detail and classify(text).reason != "harness-error":
+            return [error_event(detail, text=text, exit_code=code, stderr_tail=tail)]
     return []
 
 

@@ -9,7 +9,7 @@ field, an error line, a stderr tail) and hands the status and text here. Pure fu
   retryable); then the text (``overloaded``, ``insufficient_quota``,
   ``RESOURCE_EXHAUSTED``, ``UNAUTHENTICATED``, ``invalid api key``...); else
   ``harness-error``, retryable only when the API could not be reached (connection refused,
-  reset, timed out).
+  reset, timed out) or said the fault is temporary.
 * :func:`status_in` — the first HTTP error status a vendor message names (``401
   Unauthorized``, ``API Error: 429``, ``"code":503``, ``status 500``), or None.
 * :func:`retry_after_in` — seconds to wait when the text says (``retry-after: 30``,
@@ -55,12 +55,17 @@ _RETRY_AFTER = re.compile(
 
 _QUOTA = re.compile(
     r"insufficient_quota|quota exceeded|exceeded your (?:current )?quota|credit balance|"
-    r"out of credits|usage limit|spend(?:ing)? limit|billing|payment required",
+    r"out of credits|usage limit|spend(?:ing)? limit|billing|payment required|"
+    r"exhausted your (?:\w+ )?quota",
     re.I,
 )
 # Google names per-minute throttling "quota" too: that is a rate limit, not an empty wallet.
 _PER_MINUTE = re.compile(r"per[ _]?minute|PerMinute|\bRPM\b|\bTPM\b", re.I)
-_RATE = re.compile(r"rate[ _-]?limit|too many requests|overloaded|RESOURCE_EXHAUSTED|throttl", re.I)
+_RATE = re.compile(
+    r"rate[ _-]?limit|too many requests|overloaded|RESOURCE_EXHAUSTED|throttl|"
+    r"resource has been exhausted",
+    re.I,
+)
 _AUTH = re.compile(
     r"authentication_failed|authentication_error|UNAUTHENTICATED|PERMISSION_DENIED|"
     r"unauthori[sz]ed|invalid[ _-]?(?:api[ _-]?)?key|invalid x-api-key|api key not valid|"
@@ -70,7 +75,8 @@ _AUTH = re.compile(
 
 
 _TRANSIENT = re.compile(
-    r"ECONNREFUSED|ECONNRESET|ETIMEDOUT|connection (?:refused|reset|failed|error)|timed out",
+    r"ECONNREFUSED|ECONNRESET|ETIMEDOUT|connection (?:refused|reset|failed|error)|timed out|"
+    r"temporary errors?|high demand",  # codex 0.169.0 words every 5xx this way
     re.I,
 )
 

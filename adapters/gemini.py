@@ -45,6 +45,16 @@ _PATTERN = re.compile(r"^\s*([\w.*-]+)\s*(?:\((.*)\))?\s*$", re.S)
 # "Error resuming session: No previous sessions found for this project." (0.61.0).
 _STALE = re.compile(r"Error resuming session|Invalid session identifier", re.I)
 _EXIT_AUTH = 41  # FatalAuthenticationError
+# auth: GOOGLE_GEMINI_BASE_URL alone selects the "gateway" auth type, which headless mode
+# refuses (exit 41). maxAttempts: 0.61.0 retries a 429 or 5xx up to 10 times 5-30 s apart
+# with nothing on stdout; 3 ends a throttled turn within a minute, classified, so the
+# worker (not a silent CLI loop) decides when to try again.
+_SETTINGS = (
+    json.dumps(
+        {"security": {"auth": {"selectedType": "gemini-api-key"}}, "general": {"maxAttempts": 3}}
+    )
+    + "\n"
+)
 # GEMINI_SYSTEM_MD replaces Gemini CLI's whole built-in system prompt (rendered at run time
 # from the model, approval mode and tools, so it cannot be copied here). This short preamble
 # keeps the tool list, through the file's ${AvailableTools} placeholder; ours follows.
@@ -103,12 +113,7 @@ def build_command(request: TurnRequest) -> Command:
     if request.resume_session:
         argv += ["--resume", request.resume_session]
     argv += ["--approval-mode", _APPROVAL[request.posture]]
-    files = {
-        # Needed with GOOGLE_GEMINI_BASE_URL: alone it selects the "gateway" auth type,
-        # which headless mode refuses (exit 41).
-        f"{home}/.gemini/settings.json": '{"security": {"auth": {"selectedType": '
-        '"gemini-api-key"}}}\n',
-    }
+    files = {f"{home}/.gemini/settings.json": _SETTINGS}
     env = {"GEMINI_CLI_TRUST_WORKSPACE": "true"}
     if request.allow or request.deny:
         files[f"{home}/.harness/gemini-policy.toml"] = _policy(request)

@@ -40,7 +40,12 @@ AFTER_TOOL = {
     "cached_input_tokens": 0,
     "output_tokens": 90,
 }
-CARRY = {"ref-resume": AFTER_TOOL}
+#: The recorded resume's first turn was the fake server's text scenario: 120 / 20 / 30.
+RECORDED_FIRST = {"input_tokens": 120, "cached_input_tokens": 20, "output_tokens": 30}
+CARRY = {
+    "ref-resume": AFTER_TOOL,
+    "resume": {"thread_id": meta(HARNESS, "resume").get("resume_session"), **RECORDED_FIRST},
+}
 
 
 def request_for(scenario: str, **changes: Any) -> TurnRequest:
@@ -373,3 +378,12 @@ def test_granted_secrets_are_named_never_set() -> None:
     )
     assert not granted & set(command.env)
     assert "sk-" not in json.dumps([command.argv, dict(command.files)])
+
+
+def test_input_over_the_cli_limit_is_invalid_input() -> None:
+    tail = (
+        "Error: turn/start: turn/start failed: Input exceeds the maximum length of 1048576 "
+        'characters. (code -32602), data: {"input_error_code":"input_too_large"}\n'
+    )
+    events, _ = replay(adapter, request_for("x"), b"", ExitInfo(exit_code=1, stderr_tail=tail))
+    assert (events[-1].reason, events[-1].retryable) == ("invalid-input", False)

@@ -84,3 +84,27 @@ def test_error_event_builds_classified_session_error() -> None:
 def test_classify_unreachable_api_is_retryable_harness_error() -> None:
     found = classify("API Error: Connection refused (ECONNREFUSED)")
     assert (found.reason, found.retryable) == ("harness-error", True)
+
+
+def test_classify_codex_server_error_wording_is_retryable_harness_error() -> None:
+    found = classify(
+        "We\u2019re currently experiencing high demand, which may cause temporary errors."
+    )
+    assert (found.reason, found.retryable) == ("harness-error", True)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "retry_after"),
+    [
+        (
+            "[API Error: Resource has been exhausted (e.g. check quota).\n"
+            "Suggested retry after 7s.]\nPlease wait and try again later.",
+            "rate-limited",
+            7.0,
+        ),
+        ("[API Error: You have exhausted your daily quota on this model.]", "quota", None),
+    ],
+)
+def test_classify_gemini_cli_wording(text: str, reason: str, retry_after: float | None) -> None:
+    found = classify(text)
+    assert (found.reason, found.retry_after_s) == (reason, retry_after)

@@ -260,7 +260,8 @@ def test_first_turn_reads_input_from_stdin_with_empty_prompt_flag() -> None:
     assert command.stdin == b"hello"
     assert command.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
     settings_json = json.loads(command.files["/h/.gemini/settings.json"])
-    assert settings_json == {"security": {"auth": {"selectedType": "gemini-api-key"}}}
+    assert settings_json["security"] == {"auth": {"selectedType": "gemini-api-key"}}
+    assert settings_json["general"]["maxAttempts"] == 3
 
 
 def test_resumed_turn_and_model_are_flags() -> None:
