@@ -18,6 +18,7 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @stderr TEXT           a line on stderr
   @env NAME              print the named environment variable (to test secret isolation)
   @run CMD ARGS...       run a command and report it as activity with its output
+  @allocate MIB          hold that many MiB of memory (to meet a memory limit)
   @ignore-term           ignore SIGTERM from now on
   @fork N                start N children that ignore SIGTERM and sleep
   @error MESSAGE         an error line (terminal)
@@ -39,7 +40,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-
 
 STUBBORN_CHILD = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
@@ -161,6 +161,11 @@ def run_script(lines: list[str]) -> None:
             result = subprocess.run(args, capture_output=True, text=True, check=False)
             emit({"type": "activity", "kind": "command", "description": " ".join(args)})
             emit({"type": "text", "text": (result.stdout + result.stderr).strip()})
+        elif name == "allocate":
+            held = bytearray(int(args[0]) * 1024 * 1024)
+            for i in range(0, len(held), 4096):
+                held[i] = 1  # touch every page so it is really resident
+            emit({"type": "text", "text": f"holding {args[0]} MiB"})
         elif name == "ignore-term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         elif name == "fork":
