@@ -57,7 +57,10 @@ class Settings(BaseSettings):
 
     # Operator policy: what a producer may ask for ("*" allows anything)
     allowed_images: CommaList = ()
-    """Images a producer may name besides the configured ones."""
+    """Images a producer may name besides the configured ones: ``IMAGE`` for any harness,
+    ``HARNESS=IMAGE`` or ``HARNESS=*`` for one harness."""
+    allowed_sandboxes: CommaList = ()
+    """Sandbox backends a producer may ask for besides HARNESS_SANDBOX (default: none)."""
     allowed_networks: CommaList = ("none", "bridge")
     allowed_executables: CommaList = ("harness-demo",)
     grants: GrantMap = Field(default_factory=lambda: dict(DEFAULT_GRANTS))
@@ -104,7 +107,12 @@ class Settings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535)
 
     @field_validator(
-        "allowed_images", "allowed_networks", "allowed_executables", "harness_queues", mode="before"
+        "allowed_images",
+        "allowed_sandboxes",
+        "allowed_networks",
+        "allowed_executables",
+        "harness_queues",
+        mode="before",
     )
     @classmethod
     def _comma_list(cls, value: object) -> object:

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--executable", metavar="PATH")
     run.add_argument("--workspace", metavar="NAME", help="a durable workspace shared across runs")
     run.add_argument("--timeout", type=float, metavar="SECONDS")
+    run.add_argument("--memory", metavar="SIZE", help="container memory limit, e.g. 512m")
+    run.add_argument("--cpus", type=float, metavar="N", help="container CPU limit")
+    run.add_argument("--pids", type=int, metavar="N", help="container process limit")
     run.add_argument("--follow", action="store_true")
     output_flags(run)
 
@@ -147,6 +150,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             executable=args.executable,
             timeout_s=args.timeout,
             workspace=args.workspace,
+            memory=args.memory,
+            cpus=args.cpus,
+            pids=args.pids,
         )
         renderer.accepted(run_id, 1)
         return _follow(client, renderer, run_id, 1) if args.follow else 0

@@ -4,6 +4,7 @@ and enforced again by the worker, which never trusts the message it was handed."
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from config import Settings
@@ -20,23 +21,59 @@ class Resolved:
     network: str
     timeout_s: float
     executable: str | None
+    memory: str = "2g"
+    cpus: float = 2.0
+    pids: int = 512
+
+
+_MEMORY = re.compile(r"^([0-9]+)([bkmg]?)$")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+MIN_MEMORY_BYTES = 6 << 20
+"""Docker refuses a container memory limit below 6 MiB."""
+MIN_CPUS = 0.01
+"""Docker's smallest CPU limit."""
+
+
+def memory_bytes(text: str) -> int:
+    """``2g``, ``512m``, ``1048576`` as bytes; ValueError when it is not such a size."""
+    match = _MEMORY.match(text)
+    if not match:
+        raise ValueError(f"invalid memory size {text!r}")
+    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 def _allowed(value: str, allowed: tuple[str, ...]) -> bool:
     return "*" in allowed or value in allowed
 
 
+def _image_allowed(image: str, harness: str, allowed: tuple[str, ...]) -> bool:
+    """HARNESS_ALLOWED_IMAGES entries are ``IMAGE`` (any harness), ``HARNESS=IMAGE`` or
+    ``HARNESS=*`` (that harness only), or ``*`` (anything)."""
+    for entry in allowed:
+        name, sep, value = entry.partition("=")
+        if not sep:
+            if entry in ("*", image):
+                return True
+        elif name.strip() == harness and value.strip() in ("*", image):
+            return True
+    return False
+
+
 def resolve(options: RunOptions, settings: Settings) -> Resolved:
     """Apply operator policy to a producer's options, or raise InvalidInput naming the rule."""
     harness = options.harness
     sandbox = options.sandbox or settings.sandbox
+    if sandbox != settings.sandbox and not _allowed(sandbox, settings.allowed_sandboxes):
+        raise InvalidInput(
+            f"sandbox {sandbox!r} is not allowed (operator policy HARNESS_ALLOWED_SANDBOXES)"
+        )
 
     configured = settings.image_for(harness)
     image = options.image or configured
     if (
         options.image
         and options.image != configured
-        and not _allowed(options.image, settings.allowed_images)
+        and not _image_allowed(options.image, harness, settings.allowed_images)
     ):
         raise InvalidInput(
             f"image {options.image!r} is not allowed for {harness} "
@@ -76,7 +113,33 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
             f"timeout {timeout:g}s exceeds the operator's ceiling of "
             f"{settings.max_turn_timeout_s:g}s (HARNESS_MAX_TURN_TIMEOUT_S)"
         )
-    return Resolved(sandbox, image, network, timeout, executable)
+
+    memory = options.memory or settings.memory
+    if options.memory is not None:
+        wanted = memory_bytes(options.memory)
+        if wanted > memory_bytes(settings.max_memory):
+            raise InvalidInput(
+                f"memory {options.memory} exceeds the operator's ceiling of "
+                f"{settings.max_memory} (HARNESS_MAX_MEMORY)"
+            )
+        if wanted < MIN_MEMORY_BYTES:
+            raise InvalidInput(f"memory {options.memory} is below Docker's minimum of 6m")
+    cpus = options.cpus or settings.cpus
+    if options.cpus is not None and options.cpus > settings.max_cpus:
+        raise InvalidInput(
+            f"cpus {options.cpus:g} exceeds the operator's ceiling of {settings.max_cpus:g} "
+            "(HARNESS_MAX_CPUS)"
+        )
+    if options.cpus is not None and options.cpus < MIN_CPUS:
+        # Docker reads a limit that rounds to 0 nano-CPUs as "no limit".
+        raise InvalidInput(f"cpus {options.cpus:g} is below the minimum of {MIN_CPUS:g}")
+    pids = options.pids or settings.pids
+    if options.pids is not None and options.pids > settings.max_pids:
+        raise InvalidInput(
+            f"pids {options.pids} exceeds the operator's ceiling of {settings.max_pids} "
+            "(HARNESS_MAX_PIDS)"
+        )
+    return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids)
 
 
 def check_input(text: str, settings: Settings) -> None:

@@ -52,6 +52,10 @@ class RunOptions(BaseModel):
     base_url: str | None = Field(None, max_length=2000)
     executable: str | None = Field(None, max_length=4096)
     timeout_s: float | None = Field(None, gt=0)
+    memory: str | None = Field(None, pattern=r"^[0-9]{1,15}[bkmg]?$")
+    """The container's memory limit (bytes, or a number with b, k, m or g), within policy."""
+    cpus: float | None = Field(None, gt=0, le=1024)
+    pids: int | None = Field(None, gt=0, le=10_000_000)
     workspace: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     """A durable workspace name shared across runs; None gives the run its own."""
 

@@ -161,7 +161,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
                 run_id=run_id,
                 image=resolved.image,
                 network=resolved.network,  # type: ignore[arg-type]
-                limits=Limits(settings.memory, settings.cpus, settings.pids),
+                limits=Limits(resolved.memory, resolved.cpus, resolved.pids),
                 user=settings.container_user,
                 read_only_root=settings.read_only_root,
                 workspace_key=options.workspace,

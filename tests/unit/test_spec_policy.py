@@ -207,7 +207,9 @@ def test_resolve_uses_configured_defaults() -> None:
 
 
 def test_resolve_takes_producer_choices_within_policy() -> None:
-    settings = _settings(allowed_networks=("none", "host"), network="none")
+    settings = _settings(
+        allowed_networks=("none", "host"), network="none", allowed_sandboxes=("local",)
+    )
     resolved = resolve(_options(sandbox="local", network="host", timeout_s=60), settings)
     assert (resolved.sandbox, resolved.network, resolved.timeout_s) == ("local", "host", 60)
 
