@@ -617,7 +617,36 @@ class DockerSandbox:
             return f"the container was killed for exceeding its memory limit{shown}"
         if state.get("Status") != "running":
             return f"the container is {state.get('Status')} (exit code {state.get('ExitCode')})"
+        kills = self._oom_kills(container.id, run_id)
+        if kills:
+            shown = f" of {limit // (1024 * 1024)} MiB" if limit else ""
+            return (
+                f"a process in the container was killed for exceeding its memory limit{shown} "
+                f"({kills} out-of-memory kills so far)"
+            )
         return None
+
+    def _oom_kills(self, container: str, run_id: str) -> int:
+        """The container's out-of-memory kill count (cgroup v1 or v2), 0 when unknown.
+
+        An exec'd process killed by the OOM killer leaves the container running and
+        ``State.OOMKilled`` false; only the memory cgroup remembers it.
+        """
+        script = (
+            "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control"
+            " 2>/dev/null; true"
+        )
+        try:
+            _code, out, _ = self._run(
+                container, ["sh", "-c", script], action="read the memory cgroup", run_id=run_id
+            )
+        except SandboxError:
+            return 0
+        for line in out.decode(errors="replace").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
 
     def managed(self) -> list[ManagedSandbox]:
         """This scope's containers on this daemon, with run id, lease and worker."""

@@ -201,7 +201,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
     stop = _stop_check(deps, run_id, turn)
 
     outcome, driver = _attempt(adapter, request, sandbox, placement, secrets, out, limits, stop, 1)
-    terminal = outcome.terminal
+    terminal = _explain_kill(outcome.terminal, sandbox, run_id)
     if (
         isinstance(terminal, SessionError)
         and request.resume_session
@@ -230,6 +230,25 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
     return _close(
         deps, payload, options, out, terminal, run_status="idle", final_text=final_text, extra=extra
     )
+
+
+def _explain_kill(terminal: Event, sandbox: Sandbox, run_id: str) -> Event:
+    """A harness that died of SIGKILL we did not send: ask the sandbox why (OOM, gone)."""
+    if (
+        isinstance(terminal, SessionError)
+        and terminal.reason == "exit"
+        and terminal.exit_code in (137, -9)
+    ):
+        problem = sandbox.diagnose(run_id)
+        if problem:
+            return terminal.model_copy(
+                update={
+                    "error": f"the harness was killed: {problem}",
+                    "reason": "sandbox",
+                    "retryable": True,
+                }
+            )
+    return terminal
 
 
 def _release_for_shutdown(
