@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from adapters.events import Event, TurnStarted, session_error
 from config import Settings
@@ -27,6 +28,7 @@ def end_run(deps: TurnDeps, run_id: str) -> bool:
         return False
     options = record.get("options") or {}
     backend = record.get("sandbox") or deps.settings.sandbox
+    _wait_for_turn_to_stop(deps, run_id, record)
     try:
         sandbox = deps.sandbox_for(backend)
         sandbox.teardown(run_id, keep_workspace=bool(options.get("workspace")))
@@ -38,6 +40,17 @@ def end_run(deps: TurnDeps, run_id: str) -> bool:
     deps.redis.srem(deps.keys.runs_index(), run_id)
     log.info("run.ended", extra={"run_id": run_id})
     return True
+
+
+def _wait_for_turn_to_stop(deps: TurnDeps, run_id: str, record: dict[str, Any]) -> None:
+    """The client cancelled the in-flight turn before asking for the end: let it publish its
+    ``cancelled`` terminal before the sandbox goes, rather than fail as a sandbox error."""
+    turn = record.get("current_turn") or 0
+    if record.get("status") not in IN_FLIGHT or not turn:
+        return
+    deadline = time.monotonic() + deps.settings.kill_grace_s + 10
+    while time.monotonic() < deadline and deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+        time.sleep(0.1)
 
 
 @dataclass

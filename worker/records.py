@@ -76,6 +76,16 @@ return 1
 """
 
 
+# The first turn's run leaves "starting" once a worker has its sandbox (never after an end).
+_MARK_RUNNING = """
+if redis.call('HGET', KEYS[1], 'status') == 'starting' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
 def decode(raw: dict[str, str]) -> dict[str, Any]:
     """A record as typed values: ints, floats, booleans, JSON, and None for empty."""
     out: dict[str, Any] = {}
@@ -106,6 +116,7 @@ class RunStore:
     def __post_init__(self) -> None:
         self._begin = self.redis.register_script(_BEGIN_TURN)
         self._finish = self.redis.register_script(_FINISH_TURN)
+        self._running = self.redis.register_script(_MARK_RUNNING)
 
     def create(self, run_id: str, options: RunOptions, queue: str, sandbox: str) -> None:
         now = time.time()
@@ -159,6 +170,9 @@ class RunStore:
         if code == -3:
             raise RunEnded(run_id, str(detail))
         return code
+
+    def mark_running(self, run_id: str) -> None:
+        self._running(keys=[self.keys.run(run_id)], args=[time.time()])
 
     def update(self, run_id: str, **fields: Any) -> None:
         encoded = {k: _encode(v) for k, v in fields.items()}

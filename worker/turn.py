@@ -180,6 +180,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
             session_error(f"the sandbox could not be prepared: {exc}", "sandbox"),
             run_status="failed" if turn == 1 else "idle",
         )
+    deps.store.mark_running(run_id)
     deps.store.update(
         run_id,
         container_id=placement.container_id,

@@ -265,3 +265,20 @@ def test_events_follow_from_a_second_process(shared_env: Env, shared_worker: Wor
     types = [json.loads(line)["type"] for line in out.decode().splitlines()]
     assert types[0] == "turn-started" and types[-1] == "turn-complete"
     assert types.count("assistant-text") == 5
+
+
+def test_end_during_a_turn_cancels_it_then_tears_down(
+    shared_env: Env, shared_worker: WorkerProcess
+) -> None:
+    client = shared_env.client()
+    run_id = client.start_run("stdio-json", "@text working\n@sleep 60", executable=DEMO)
+    for event in client.events(run_id, follow=True, timeout=30):
+        if event.type == "assistant-text":
+            break
+    assert client.status(run_id)["status"] == "running"
+    assert client.end(run_id)["status"] == "ended"
+    terminal = client.wait(run_id, 1, timeout=5)
+    assert terminal.data["reason"] == "cancelled"
+    assert_well_formed(turn_events(client, run_id, 1))
+    assert not (shared_env.tmp / "workspaces" / "local" / "run" / run_id).exists()
+    assert client.status(run_id)["credential_live"] is False
