@@ -42,8 +42,47 @@ class Cluster:
     prefix: str
     env: dict[str, str]
     hosts: list[Host]
+    workdir: Path = Path("/tmp")
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+
+    def host_env(self, host: Host) -> dict[str, str]:
+        env = {
+            **self.env,
+            "HARNESS_HOST_QUEUE": f"{self.prefix}.host.{host.name}",
+            "HARNESS_WORKSPACE_ROOT": str(self.workdir / f"host-{host.name}"),
+        }
+        if host.docker_url:
+            env["HARNESS_DOCKER_URL"] = host.docker_url
+        return env
+
+    def spawn(self, host: Host, index: int) -> subprocess.Popen[bytes]:
+        """Start one worker process on ``host`` (appending to its log across restarts)."""
+        log = self.workdir / f"{self.prefix}-{host.name}{index}.log"
+        if log not in self.logs:
+            self.logs.append(log)
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.app",
+            "worker",
+            "-l",
+            "info",
+            "-n",
+            f"{host.name}{index}-{self.prefix}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                command,
+                cwd=REPO,
+                env={**os.environ, **self.host_env(host)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def client(self) -> HarnessClient:
         values = {k.removeprefix("HARNESS_").lower(): v for k, v in self.env.items()}
@@ -65,14 +104,13 @@ class Cluster:
 
     def reap(self) -> None:
         for host in self.hosts:
-            extra = {"HARNESS_DOCKER_URL": host.docker_url} if host.docker_url else {}
             subprocess.run(
                 [sys.executable, "-m", "worker.cli", "reap"],
                 cwd=REPO,
                 timeout=300,
                 check=True,
                 capture_output=True,
-                env={**os.environ, **self.env, **extra},
+                env={**os.environ, **self.host_env(host)},
             )
 
     def stop(self) -> None:
@@ -94,6 +132,7 @@ def start_cluster(
     concurrency: int,
     workdir: Path,
     second_host: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> Cluster:
     prefix = "load" + uuid.uuid4().hex[:8]
     hosts = [Host("a", None)]
@@ -112,42 +151,12 @@ def start_cluster(
         "HARNESS_SANDBOX": "docker",
         "HARNESS_NETWORK": "none",
         "HARNESS_CONCURRENCY": str(concurrency),
+        **(extra_env or {}),
     }
-    cluster = Cluster(prefix, env, hosts)
+    cluster = Cluster(prefix, env, hosts, workdir=workdir)
     for host in hosts:
         for index in range(workers_per_host):
-            log = workdir / f"{prefix}-{host.name}{index}.log"
-            host_env = {
-                **env,
-                "HARNESS_HOST_QUEUE": f"{prefix}.host.{host.name}",
-                "HARNESS_WORKSPACE_ROOT": str(workdir / f"host-{host.name}"),
-            }
-            if host.docker_url:
-                host_env["HARNESS_DOCKER_URL"] = host.docker_url
-            with log.open("wb") as out:
-                cluster.processes.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "celery",
-                            "-A",
-                            "worker.app",
-                            "worker",
-                            "-l",
-                            "info",
-                            "-n",
-                            f"{host.name}{index}-{prefix}@%h",
-                            "--without-mingle",
-                            "--without-gossip",
-                        ],
-                        cwd=REPO,
-                        env={**os.environ, **host_env},
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-            cluster.logs.append(log)
+            cluster.processes.append(cluster.spawn(host, index))
     client = cluster.client()
     deadline = time.monotonic() + 120
     wanted = {f"{prefix}.host.{h.name}" for h in hosts}
