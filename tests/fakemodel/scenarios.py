@@ -176,8 +176,12 @@ def choose(conversation: Conversation, default: str, delay_s: float, model: str 
     return Choice(scenario, delay, answer_model)
 
 
+_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
+
+
 def final_tool_text(results: list[str]) -> str:
-    text = results[-1].strip() if results else ""
+    # Claude Code 2.1.328 appends <system-reminder> blocks to tool results: not tool output.
+    text = _REMINDER.sub("", results[-1]).strip() if results else ""
     return TOOL_FINAL_PREFIX + text[:200]
 
 

@@ -18,6 +18,7 @@ import contextlib
 import gzip
 import json
 import socket
+import sys
 import threading
 import time
 import zlib
@@ -333,6 +334,12 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     fake: FakeModelServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client hanging up on a kept-alive connection (pi does) is not a server error.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class FakeModelServer:
