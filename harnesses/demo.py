@@ -14,6 +14,8 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @flood N               N small usage-free text lines as fast as possible
   @stamp N               N text lines carrying the wall clock (for latency benchmarks)
   @bigline BYTES         one line of that many bytes (not valid JSON at the end)
+  @fill BYTES [LINE]     BYTES of text lines of LINE bytes each (default 1024), as fast as
+                         possible; line i's text starts with i as ten digits (big streams)
   @garbage               a non-JSON line, a JSON array, and invalid UTF-8
   @stderr TEXT           a line on stderr
   @env NAME              print the named environment variable (to test secret isolation)
@@ -89,6 +91,25 @@ def plain_answer(text: str, turns: int) -> str:
     return answer
 
 
+def fill(total: int, line_bytes: int) -> None:
+    """``total`` bytes of text lines, each ``line_bytes`` long with its newline."""
+    head, tail = b'{"type":"text","text":"', b'"}\n'
+    pad = b"x" * max(0, line_bytes - len(head) - len(tail) - 11)
+    out = sys.stdout.buffer
+    block: list[bytes] = []
+    i = written = 0
+    while written < total:
+        line = b"%s%010d %s%s" % (head, i, pad, tail)
+        block.append(line)
+        written += len(line)
+        i += 1
+        if len(block) == 256:
+            out.write(b"".join(block))
+            block.clear()
+    out.write(b"".join(block))
+    out.flush()
+
+
 def run_script(lines: list[str]) -> None:
     for raw in lines:
         name, _, rest = raw[1:].partition(" ")
@@ -147,6 +168,8 @@ def run_script(lines: list[str]) -> None:
                 size -= len(chunk)
             sys.stdout.buffer.write(b"\n")
             sys.stdout.buffer.flush()
+        elif name == "fill":
+            fill(int(args[0]), int(args[1]) if len(args) > 1 else 1024)
         elif name == "garbage":
             sys.stdout.write("this is a banner, not JSON\n[1, 2, 3]\n")
             sys.stdout.flush()
