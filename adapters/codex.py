@@ -39,7 +39,12 @@ CAPABILITIES = Capabilities(
 # (usage: a running total for the whole thread), turn.failed (error.message), error
 # (message: transient "Reconnecting..." notices as well as fatal errors).
 _STALE = re.compile(r"no rollout found|thread/resume failed", re.I)
-_SANDBOX = {"strict": "read-only", "auto": "workspace-write", "dangerous": "danger-full-access"}
+# Codex's own sandbox (0.169.0: bubblewrap; the legacy Landlock backend panics) needs user
+# namespaces, which a hardened container (default seccomp, no capabilities) refuses: every
+# command then fails with "bwrap: No permissions to create a new namespace". strict keeps it
+# (read-only: fails closed there, enforced by codex where namespaces exist); auto runs
+# unsandboxed and the run's container (read-only root, writable workspace) confines it.
+_SANDBOX = {"strict": "read-only", "auto": "danger-full-access", "dangerous": "danger-full-access"}
 _KEY_NAMES = ("OPENAI_API_KEY", "CODEX_API_KEY")
 _TOTALS = ("input_tokens", "cached_input_tokens", "output_tokens")
 
@@ -218,9 +223,12 @@ def finish(state: State, exit: ExitInfo) -> list[Event]:
 
 
 def policy_warning(request: TurnRequest) -> str | None:
-    if request.allow or request.deny:
-        return (
-            "codex applies the posture through its sandbox mode only: allow/deny "
-            "patterns are not translated"
+    parts = []
+    if request.posture == "auto":
+        parts.append(
+            "codex runs its commands outside its own sandbox in the auto posture "
+            "(only the run's container confines them)"
         )
-    return None
+    if request.allow or request.deny:
+        parts.append("allow/deny patterns are not translated for codex")
+    return "; ".join(parts) or None

@@ -39,15 +39,28 @@ def test_base_url_sends_model_traffic_through_the_custom_provider(
     assert all(r.headers.get("authorization") == "<redacted>" for r in calls)
 
 
-def test_tool_turn_runs_the_command_in_workspace_write_and_answers(
-    run_live_turn: RunLiveTurn,
-) -> None:
+def test_tool_turn_runs_the_command_unsandboxed_in_auto_posture(run_live_turn: RunLiveTurn) -> None:
     turn = run_live_turn(
         HARNESS, TurnRequest(input="[scenario:tool] run it", posture="auto", model=MODEL)
     )
     assert TOOL_OUTPUT in turn.complete.text
     (activity,) = turn.of_type("sandbox-activity")
     assert activity.kind == "command" and "tool-ran" in activity.description
+    assert "`danger-full-access`" in turn.model_requests()[0].body_text()
+
+
+def test_strict_posture_runs_commands_in_codex_read_only_sandbox(
+    run_live_turn: RunLiveTurn,
+) -> None:
+    # Here (a host with user namespaces) codex's bubblewrap sandbox starts; in a hardened
+    # container it cannot, and the command fails closed instead.
+    turn = run_live_turn(
+        HARNESS, TurnRequest(input="[scenario:tool] run it", posture="strict", model=MODEL)
+    )
+    assert "`read-only`: The sandbox only permits reading files" in (
+        turn.model_requests()[0].body_text()
+    )
+    assert TOOL_OUTPUT in turn.complete.text
 
 
 def test_second_turn_resumes_the_thread_and_counts_only_its_own_tokens(

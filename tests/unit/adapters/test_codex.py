@@ -350,17 +350,20 @@ def test_no_provider_is_configured_without_base_url() -> None:
 
 @pytest.mark.parametrize(
     ("posture", "mode"),
-    [("strict", "read-only"), ("auto", "workspace-write"), ("dangerous", "danger-full-access")],
+    [("strict", "read-only"), ("auto", "danger-full-access"), ("dangerous", "danger-full-access")],
 )
 def test_posture_maps_to_sandbox_mode_and_never_asks(posture: str, mode: str) -> None:
     parsed = config(adapter.build_command(TurnRequest(input="q", posture=posture)))  # type: ignore[arg-type]
     assert (parsed["sandbox_mode"], parsed["approval_policy"]) == (mode, "never")
 
 
-def test_policy_warning_names_untranslated_patterns() -> None:
-    assert adapter.policy_warning(TurnRequest(input="q")) is None
-    warning = adapter.policy_warning(TurnRequest(input="q", deny=("rm",)))
-    assert warning is not None and "allow/deny" in warning
+def test_policy_warning_says_what_codex_does_not_enforce() -> None:
+    assert adapter.policy_warning(TurnRequest(input="q", posture="strict")) is None
+    assert adapter.policy_warning(TurnRequest(input="q", posture="dangerous")) is None
+    auto = adapter.policy_warning(TurnRequest(input="q", posture="auto"))
+    assert auto is not None and "container" in auto
+    patterns = adapter.policy_warning(TurnRequest(input="q", posture="strict", deny=("rm",)))
+    assert patterns is not None and "allow/deny" in patterns
 
 
 @pytest.mark.parametrize("text", ["-rf /", "--help", "x" * MIB])
