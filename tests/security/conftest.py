@@ -135,7 +135,8 @@ def hardening_problems(info: dict[str, Any], workspace_root: Path) -> list[str]:
         problems.append(f"no pids limit ({host.get('PidsLimit')})")
     if host.get("OomKillDisable"):
         problems.append("OOM killer disabled")
-    for mode in ("NetworkMode", "PidMode", "IpcMode", "UTSMode", "UsernsMode", "CgroupnsMode"):
+    # CgroupnsMode is "host" by default on cgroup v1 hosts (Docker 20.10): not checked.
+    for mode in ("NetworkMode", "PidMode", "IpcMode", "UTSMode", "UsernsMode"):
         if host.get(mode) == "host":
             problems.append(f"{mode} is host")
     for field in ("Devices", "Binds", "VolumesFrom", "Sysctls", "DeviceRequests"):
@@ -259,3 +260,76 @@ def assert_one_terminal(events: list[StreamEvent]) -> StreamEvent:
 def texts(events: list[StreamEvent]) -> str:
     """Everything the harness said in a turn, as one string (for assertions on its output)."""
     return "\n".join(json.dumps(e.data, ensure_ascii=False) for e in events)
+
+
+# -- finding a secret ----------------------------------------------------------------------------
+
+
+def leak_forms(secret: str) -> set[str]:
+    """The secret as it could appear in a dump: plain, JSON-escaped, URL-quoted, hex, and
+    base64 at each of the three byte alignments (Celery message bodies are base64)."""
+    import base64
+    from urllib.parse import quote
+
+    raw = secret.encode()
+    forms = {secret, json.dumps(secret)[1:-1], quote(secret, safe=""), raw.hex()}
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + raw + b"\0\0\0").decode()
+        forms.add(encoded[4:-8])  # only the characters that depend on the secret alone
+    return {form for form in forms if len(form) >= 16}
+
+
+def find_leaks(secret: str, blobs: dict[str, str]) -> list[str]:
+    """Names of the blobs in which any form of the secret occurs."""
+    forms = leak_forms(secret)
+    return sorted(name for name, blob in blobs.items() if any(form in blob for form in forms))
+
+
+def dump_redis(url: str) -> dict[str, str]:
+    """Every key of the database, whatever its type, as text (streams and hashes included)."""
+    import redis
+
+    r = redis.Redis.from_url(url, decode_responses=False)
+    out: dict[str, str] = {}
+    try:
+        for key in r.scan_iter(count=1000):
+            kind = r.type(key).decode()
+            value: Any
+            if kind == "string":
+                value = r.get(key)
+            elif kind == "hash":
+                value = r.hgetall(key)
+            elif kind == "list":
+                value = r.lrange(key, 0, -1)
+            elif kind == "set":
+                value = r.smembers(key)
+            elif kind == "zset":
+                value = r.zrange(key, 0, -1, withscores=True)
+            elif kind == "stream":
+                value = r.xrange(key)
+            else:
+                continue
+            out[key.decode("utf-8", "replace")] = _text(value)
+    finally:
+        r.close()
+    return out
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return " ".join(f"{_text(k)}={_text(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple | set):
+        return " ".join(_text(v) for v in value)
+    return str(value)
+
+
+def sh(script: str) -> str:
+    """A demo-harness line that runs ``script`` with /bin/sh inside the sandbox.
+
+    The demo's ``@run`` splits its arguments on whitespace, so the script travels as hex in a
+    single word; ``sh`` replaces the Python process, so ``$PPID`` is the harness itself.
+    """
+    code = f"import os; os.execv('/bin/sh', ['sh', '-c', {script!r}])"
+    return f"@run python3 -c exec(bytes.fromhex('{code.encode().hex()}').decode())"
