@@ -104,7 +104,13 @@ class Settings(BaseSettings):
     """Broker redelivery delay for unacknowledged turns; 0 = above the longest allowed turn."""
     host_timeout_s: float = Field(30.0, gt=0)
     """How long a turn waits for a worker on its run's Docker host before failing."""
-    metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_port: int = Field(9540, ge=0, le=65535)
+    """Port of the worker's Prometheus endpoint (0: off). Several workers on one machine
+    need one port each; in containers every worker can keep the default."""
+    metrics_addr: str = "0.0.0.0"
+    """Address the metrics endpoint listens on (127.0.0.1: this machine only)."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """Worker log lines: json, text (key=value), or auto (json unless stderr is a terminal)."""
 
     @field_validator(
         "allowed_images",

@@ -10,7 +10,7 @@ from typing import Any
 from adapters.events import Event, TurnStarted, session_error
 from config import Settings
 from sandbox.base import Sandbox, SandboxError
-from worker import credentials, hosts
+from worker import credentials, hosts, metrics
 from worker.errors import RunNotFound
 from worker.keys import Keys, SyncRedis
 from worker.publisher import RedisStreamPublisher, last_seq
@@ -33,6 +33,7 @@ def end_run(deps: TurnDeps, run_id: str) -> bool:
         sandbox = deps.sandbox_for(backend)
         sandbox.teardown(run_id, keep_workspace=bool(options.get("workspace")))
     except SandboxError as exc:
+        metrics.teardown_failed()
         log.warning("run.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
     credentials.revoke(deps.redis, deps.keys, run_id)
     deps.store.update(run_id, status="ended")
@@ -80,6 +81,7 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
             sandbox.teardown(found.run_id, keep_workspace=keep)
             credentials.revoke(deps.redis, deps.keys, found.run_id)
             report.sandboxes.append(found.run_id)
+            metrics.reaped(sandbox.backend)
             if raw and status not in FINISHED:
                 deps.store.update(found.run_id, status="ended", last_error="lease expired")
             log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
@@ -162,6 +164,7 @@ def fail_stranded_turn(
     credentials.revoke(deps_redis, keys, run_id)
     publisher.publish(events)
     publisher.drain(30)
+    metrics.turn_failed(harness, "sandbox")
     log.warning("turn.host_gone", extra={"run_id": run_id, "turn": turn, "queue": queue})
     return True
 

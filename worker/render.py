@@ -1,83 +1,451 @@
-"""How the ``harness`` command shows events: human lines, or one JSON object per line."""
+"""How the ``harness`` command shows events: for a person, or one JSON object per line.
+
+``--json`` writes exactly one JSON object per line on stdout and nothing else (no colour, no
+spinner, no summary). For a person, output goes through rich: assistant text as it arrives,
+tool activity as one compact line each, a spinner while the harness thinks (only on a
+terminal), and a closing line per turn (status, duration, tokens, cost, model, session id).
+Colour and the spinner appear only when stdout is a terminal (rich also honours ``NO_COLOR``
+and ``FORCE_COLOR``); piped output is plain text, one line per item, never wrapped.
+
+Text from the harness is data, never markup: it is printed as :class:`rich.text.Text`, with
+control characters (escape sequences a harness could print) shown as visible symbols.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
+import re
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+SPINNER_DELAY_S = 0.3
+"""Wait this long without output before showing the spinner (a quick command never shows
+one, and a non-follow command exits before it would start)."""
+
+DELTA_HARNESSES = frozenset({"gemini"})
+"""Harnesses whose ``assistant-text`` events are pieces of one message (Gemini CLI's
+stream-json ``message`` lines are deltas, see adapters/gemini.py), joined as they arrive.
+Every other harness sends whole text blocks, each ending its own line."""
+
+ACTIVITY_MARKS = {"command": "$", "file": "✎", "tool": "⚙", "other": "·"}
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # the Unicode "control picture": ␛ for ESC, ␇ for BEL
+    return "\u2421" if code == 0x7F else "\ufffd"
+
+
+def clean(text: str) -> str:
+    """Harness text made safe for a terminal: CRLF becomes LF, other controls visible."""
+    return _CONTROL.sub(_visible, text.replace("\r\n", "\n"))
+
+
+def one_line(text: str, limit: int = 160) -> str:
+    """The first line of ``text``, cut to ``limit`` characters (for compact activity lines)."""
+    first, _, rest = text.strip().partition("\n")
+    if rest.strip():
+        first += " …"
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def format_cost(cost: float | None) -> str:
+    if cost is None:
+        return "cost n/a"
+    if cost == 0:
+        return "$0.00"
+    return f"${cost:.4f}" if cost >= 0.01 else f"${cost:.6f}"
+
+
+def format_tokens(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 10_000 else str(n)
+
+
+@dataclass
+class TurnView:
+    """What the renderer has seen of one turn: enough for its closing line."""
+
+    number: int
+    harness: str = ""
+    started_ts: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    usage_seen: bool = False
+    model: str | None = None
+    session_id: str | None = None
+    streamed: list[str] = field(default_factory=list)
+    activities: int = 0
+
+    def add_usage(self, data: dict[str, Any]) -> None:
+        self.usage_seen = True
+        self.input_tokens += int(data.get("input_tokens") or 0)
+        self.output_tokens += int(data.get("output_tokens") or 0)
+        cost = data.get("cost_usd")
+        if isinstance(cost, int | float):
+            self.cost_usd = (self.cost_usd or 0.0) + float(cost)
+
+    def close(self, data: dict[str, Any], ts: float) -> dict[str, Any]:
+        """The facts of the closing line, from what was streamed and the terminal event."""
+        if not self.usage_seen:
+            self.input_tokens = int(data.get("input_tokens") or 0)
+            self.output_tokens = int(data.get("output_tokens") or 0)
+            cost = data.get("cost_usd")
+            self.cost_usd = float(cost) if isinstance(cost, int | float) else None
+        return {
+            "duration_s": None if self.started_ts is None else max(0.0, ts - self.started_ts),
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+            "model": data.get("model") or self.model,
+            "session_id": data.get("session_id") or self.session_id,
+        }
 
 
 class Renderer:
-    def __init__(self, json_output: bool, stream: TextIO | None = None) -> None:
+    """Prints what the ``harness`` command has to say. One instance per command."""
+
+    def __init__(
+        self,
+        json_output: bool,
+        stream: TextIO | None = None,
+        *,
+        terminal: bool | None = None,
+        width: int | None = None,
+    ) -> None:
+        """``terminal`` forces (True) or forbids (False) terminal behaviour, colour and
+        spinner included; None decides from the stream, as rich does."""
         self.json = json_output
         self.out = stream or sys.stdout
+        self.console = Console(
+            file=self.out,
+            force_terminal=terminal,
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+            emoji=False,
+            width=width,
+        )
+        self.interactive = not json_output and self.console.is_terminal and terminal is not False
+        self.turn: TurnView | None = None
+        self._at_line_start = True
+        self._spinner = _SpinnerSlot(self.console) if self.interactive else None
+
+    # -- output primitives ----------------------------------------------------------------
 
     def _line(self, text: str) -> None:
+        """A raw line (JSON mode): nothing but the text and a newline."""
         self.out.write(text + "\n")
         self.out.flush()
+
+    def _print(self, *parts: Text | Table | str) -> None:
+        self._end_text()
+        self.console.print(*parts)
+        self.out.flush()
+
+    def _end_text(self) -> None:
+        if not self._at_line_start:
+            self.console.print()
+            self._at_line_start = True
+
+    def close(self) -> None:
+        """Stop the spinner (also registered to run at exit)."""
+        if self._spinner is not None:
+            self._spinner.stop()
+        self._end_text()
+
+    # -- the interface worker/cli.py uses -------------------------------------------------
 
     def accepted(self, run_id: str, turn: int) -> None:
         if self.json:
             self._line(json.dumps({"run_id": run_id, "turn": turn}))
-        elif turn == 1:
-            self._line(run_id)
-        else:
-            self._line(f"{run_id} turn {turn}")
+            return
+        # The first line is the run id alone (scripts read it); colour only decorates.
+        text = Text(run_id, style="bold")
+        if turn > 1:
+            text.append(f" turn {turn}", style="dim")
+        self._print(text)
+        self._wait("waiting for a worker")
 
     def message(self, payload: dict[str, Any], text: str) -> None:
-        self._line(json.dumps(payload) if self.json else text)
+        if self.json:
+            self._line(json.dumps(payload))
+        else:
+            self._print(Text(text))
 
     def record(self, record: dict[str, Any]) -> None:
         if self.json:
             self._line(json.dumps(record))
             return
-        width = max(len(k) for k in record)
+        if not self.interactive:
+            width = max((len(k) for k in record), default=0)
+            for key, value in record.items():
+                self._line(f"{key:<{width}}  {_shown(value)}")
+            return
+        table = Table(show_header=False, box=None, pad_edge=False)
+        table.add_column(style="dim", no_wrap=True)
+        table.add_column(overflow="fold")
         for key, value in record.items():
-            shown = json.dumps(value) if isinstance(value, dict | list) else value
-            self._line(f"{key:<{width}}  {'' if shown is None else shown}")
+            style = _STATUS_STYLE.get(str(value), "") if key == "status" else ""
+            table.add_row(key, Text(clean(_shown(value)), style=style))
+        self._print(table)
 
     def event(self, event: Any) -> None:
         if self.json:
             self._line(json.dumps(event.as_dict(), ensure_ascii=False))
             return
-        data = event.data
-        kind = event.type
+        kind, data = event.type, event.data
+        view = self._view(event)
         if kind == "turn-started":
-            self._line(f"── turn {event.turn} · {data.get('harness')} ──")
+            view.harness = str(data.get("harness") or "")
+            view.started_ts = event.ts
+            attempt = int(data.get("attempt") or 1)
+            title = Text(f"── turn {event.turn}", style="bold cyan")
+            title.append(f" · {view.harness}", style="cyan")
+            if attempt > 1:
+                title.append(f" · attempt {attempt}", style="yellow")
+            title.append(" ──", style="bold cyan")
+            self._print(title)
+            self._wait("thinking")
         elif kind == "session":
-            resumed = " (resumed)" if data.get("resumed") else ""
-            model = data.get("model") or "model not reported"
-            self._line(f"· session {data.get('session_id')}{resumed} · {model}")
+            view.session_id = data.get("session_id") or view.session_id
+            view.model = data.get("model") or view.model
+            line = Text(f"● session {data.get('session_id')}", style="dim")
+            if data.get("resumed"):
+                line.append(" (resumed)", style="dim green")
+            line.append(f" · {data.get('model') or 'model not reported'}", style="dim")
+            self._print(line)
+            self._wait("thinking")
         elif kind == "assistant-text":
-            self._line(str(data.get("text", "")))
+            self._text(view, str(data.get("text", "")))
+            self._wait("thinking")
         elif kind == "sandbox-activity":
-            marks = {"command": "$", "file": "✎", "tool": "⚙"}
-            self._line(f"  {marks.get(data.get('kind', ''), '·')} {data.get('description', '')}")
+            view.activities += 1
+            mark = ACTIVITY_MARKS.get(str(data.get("kind")), "·")
+            description = one_line(clean(str(data.get("description", ""))))
+            line = Text(f"  {mark} ", style="bold blue")
+            line.append(description, style="blue")
+            self._print(line)
+            self._wait("working")
         elif kind == "permission-request":
-            self._line(f"  ? permission: {data.get('description')} {data.get('command') or ''}")
+            line = Text("  ? permission: ", style="bold yellow")
+            line.append(clean(str(data.get("description") or "")), style="yellow")
+            if data.get("command"):
+                line.append(f"  {one_line(clean(str(data['command'])))}", style="dim")
+            self._print(line)
+            self._wait("waiting on a permission")
         elif kind == "usage":
-            cost = data.get("cost_usd")
-            priced = f" · ${cost:.6f}" if isinstance(cost, int | float) else ""
-            source = " (replay)" if data.get("source") == "replay" else ""
-            self._line(
-                f"  · tokens in {data.get('input_tokens')} out {data.get('output_tokens')}"
-                f"{priced}{source}"
-            )
-        elif kind == "turn-complete":
-            self._line(f"✓ turn {event.turn} complete")
-        elif kind == "session-error":
-            self._line(f"✗ turn {event.turn} failed ({data.get('reason')}): {data.get('error')}")
-        else:
-            self._line(f"{kind} {json.dumps(data)}")
+            view.add_usage(data)
+            self._wait("thinking")
+        elif kind in ("turn-complete", "session-error"):
+            self._terminal(event, view)
+        else:  # a type newer than this renderer: show it rather than hide it
+            self._print(Text(f"{kind} {json.dumps(data, ensure_ascii=False)}", style="dim"))
 
     def summary(self, record: dict[str, Any], terminal: Any) -> None:
+        """After ``--follow``: the run's state and totals, on one line."""
         if self.json:
             return
-        cost = record.get("cost_usd")
-        self._line(
-            f"status {record.get('status')} · turns {record.get('turns')} · tokens "
-            f"{record.get('input_tokens')}/{record.get('output_tokens')} · cost "
-            f"{'n/a' if cost is None else f'${cost:.6f}'} · model "
-            f"{record.get('model_reported') or 'not reported'} · session "
-            f"{record.get('session_id') or '-'}"
-        )
+        self.close()
+        status = str(record.get("status") or "?")
+        turns = record.get("turns")
+        line = Text("run ", style="dim")
+        line.append(str(record.get("run_id") or ""), style="bold")
+        line.append(" · ", style="dim")
+        line.append(status, style=_STATUS_STYLE.get(status, "bold"))
+        parts = [
+            f"{turns} turn{'' if turns == 1 else 's'}",
+            f"tokens {format_tokens(int(record.get('input_tokens') or 0))} in"
+            f" / {format_tokens(int(record.get('output_tokens') or 0))} out",
+            format_cost(record.get("cost_usd")),
+            f"model {record.get('model_reported') or 'not reported'}",
+            f"session {record.get('session_id') or '-'}",
+        ]
+        line.append(" · " + " · ".join(parts), style="dim")
+        self._print(line)
+        if terminal is None:
+            self._print(Text("the stream ended before the turn's terminal event", style="red"))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _view(self, event: Any) -> TurnView:
+        if self.turn is None or self.turn.number != event.turn:
+            self.turn = TurnView(event.turn)
+        return self.turn
+
+    def _wait(self, label: str) -> None:
+        if self._spinner is not None and self._at_line_start:
+            self._spinner.waiting(label, self.turn)
+
+    def _text(self, view: TurnView, text: str) -> None:
+        text = clean(text)
+        if not text:
+            return
+        view.streamed.append(text)
+        if view.harness in DELTA_HARNESSES:
+            if self._spinner is not None:
+                self._spinner.stop()  # a line in progress: the spinner would land inside it
+            self.console.print(Text(text), end="")
+            self._at_line_start = text.endswith("\n")
+        else:
+            self._end_text()
+            self.console.print(Text(text.rstrip("\n")))
+        self.out.flush()
+
+    def _terminal(self, event: Any, view: TurnView) -> None:
+        if self._spinner is not None:
+            self._spinner.stop()
+        data = event.data
+        facts = view.close(data, event.ts)
+        if event.type == "turn-complete":
+            final = clean(str(data.get("text") or ""))
+            if final.strip() and final.strip() not in "".join(view.streamed):
+                self._print(Text(final.rstrip("\n")))
+            head = Text(f"✓ turn {event.turn} complete", style="bold green")
+        else:
+            reason = data.get("reason") or "?"
+            head = Text(f"✗ turn {event.turn} failed ({reason})", style="bold red")
+            head.append(f": {clean(str(data.get('error') or ''))}", style="red")
+            retry = _retry_hint(data)
+            if retry:
+                head.append(f" · {retry}", style="yellow")
+        self._print(head)
+        tail = str(data.get("stderr_tail") or "").strip() if event.type == "session-error" else ""
+        if tail:
+            for line in tail.splitlines()[-5:]:
+                self._print(Text(f"  │ {clean(line)}", style="dim red"))
+        self._print(Text("  " + " · ".join(_facts(facts)), style="dim"))
+
+
+def _facts(facts: dict[str, Any]) -> list[str]:
+    out = []
+    if facts["duration_s"] is not None:
+        out.append(format_duration(facts["duration_s"]))
+    out.append(
+        f"tokens {format_tokens(facts['input_tokens'])} in / "
+        f"{format_tokens(facts['output_tokens'])} out"
+    )
+    out.append(format_cost(facts["cost_usd"]))
+    out.append(f"model {facts['model'] or 'not reported'}")
+    out.append(f"session {facts['session_id'] or '-'}")
+    return out
+
+
+def _retry_hint(data: dict[str, Any]) -> str:
+    if not data.get("retryable"):
+        return "not retryable"
+    after = data.get("retry_after_s")
+    return f"retryable after {after:g}s" if isinstance(after, int | float) else "retryable"
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+_STATUS_STYLE = {
+    "idle": "bold green",
+    "running": "bold cyan",
+    "starting": "bold cyan",
+    "ended": "bold",
+    "failed": "bold red",
+}
+
+
+class _SpinnerSlot:
+    """A transient spinner on the terminal, started only after a short quiet period.
+
+    rich's Live redraws it from its own thread and keeps it below whatever is printed, so
+    events print normally while it spins. It is stopped before any text that must not be
+    interleaved with it, on a terminal event, and at exit (a Ctrl-C leaves no hidden cursor).
+    """
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._timer: threading.Timer | None = None
+        self._label = "thinking"
+        self._since = time.monotonic()
+        self._turn: TurnView | None = None
+        atexit.register(self.stop)
+
+    def waiting(self, label: str, turn: TurnView | None) -> None:
+        with self._lock:
+            if turn is not self._turn:  # the clock shows how long this turn (or wait) has run
+                self._since = time.monotonic()
+            self._label, self._turn = label, turn
+            if self._live is not None or self._timer is not None:
+                return
+            self._timer = threading.Timer(SPINNER_DELAY_S, self._start)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._timer is None:
+                return  # stopped in the meantime
+            self._timer = None
+            self._live = Live(
+                _Status(self),
+                console=self._console,
+                transient=True,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            live, self._live = self._live, None
+        if live is not None:
+            live.stop()
+
+    def render(self) -> Group:
+        turn = self._turn
+        label = Text(f"{self._label}…", style="cyan")
+        label.append(f" {format_duration(time.monotonic() - self._since)}", style="dim")
+        if turn is not None and turn.usage_seen:
+            label.append(
+                f" · {format_tokens(turn.input_tokens + turn.output_tokens)} tokens", style="dim"
+            )
+        return Group(Spinner("dots", text=label, style="cyan"))
+
+
+class _Status:
+    """The Live renderable: asks the slot for a fresh line at every refresh."""
+
+    def __init__(self, slot: _SpinnerSlot) -> None:
+        self._slot = slot
+
+    def __rich__(self) -> Group:
+        return self._slot.render()

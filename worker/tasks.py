@@ -8,9 +8,10 @@ from typing import Any
 
 import redis
 from celery import Task
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import setup_logging, worker_ready, worker_shutting_down
 
-from worker import hosts, lifecycle, runtime
+from config import get_settings
+from worker import hosts, lifecycle, logs, metrics, runtime
 from worker.app import app
 from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST
 from worker.publisher import last_seq
@@ -25,7 +26,8 @@ def run_turn(self: Task, payload: dict[str, Any]) -> str:
     turn = TurnPayload.model_validate(payload)
     deps = runtime.deps()
     try:
-        return execute_turn(deps, turn)
+        with logs.context(run_id=turn.run_id, turn=turn.turn):
+            return execute_turn(deps, turn)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         # Redis unreachable before the turn could be taken: try again shortly.
         raise self.retry(exc=exc, countdown=2) from exc
@@ -61,10 +63,17 @@ def reap() -> int:
     return len(live)
 
 
+@setup_logging.connect
+def _setup_logging(loglevel: int | str | None = None, **_: object) -> None:
+    """Every record, Celery's included, as one structured line (worker/logs.py)."""
+    logs.configure(get_settings().log_format, loglevel or "INFO")
+
+
 @worker_ready.connect
 def _announce(**_: object) -> None:
-    """Register this host's queue, then clean up after whatever crashed here before."""
+    """Register this host's queue, serve metrics, clean up after what crashed here before."""
     deps = runtime.deps()
+    metrics.serve(deps.settings.metrics_port, deps.settings.metrics_addr)
     hosts.start_heartbeat(
         deps.redis,
         deps.keys,

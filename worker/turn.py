@@ -34,7 +34,7 @@ from adapters.protocol import TurnRequest
 from adapters.stream import StreamDriver
 from config import Settings
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
-from worker import attempt, credentials
+from worker import attempt, credentials, logs, metrics
 from worker.app_names import harness_queue
 from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
@@ -45,6 +45,16 @@ from worker.records import RunStore
 from worker.spec import RunOptions, TurnPayload
 
 log = logging.getLogger(__name__)
+
+# Take a turn: the started mark and the owner's heartbeat are set together or not at all, so
+# a Redis error between the two cannot make a turn that never ran look like a lost one.
+_CLAIM_TURN = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
 
 REDIS_PATIENCE_S = 600.0
 """How long a finished turn keeps trying to reach Redis before giving up its events."""
@@ -109,17 +119,29 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload) -> str:
         return "unknown-run"
 
     started_ttl = deps.settings.retention_s + deps.settings.run_lease_s
-    if not deps.redis.set(keys.turn_started(run_id, turn), deps.worker_id, nx=True, ex=started_ttl):
+    owner_key = keys.turn_owner(run_id, turn)
+    claimed = deps.redis.eval(
+        _CLAIM_TURN,
+        2,
+        keys.turn_started(run_id, turn),
+        owner_key,
+        deps.worker_id,
+        started_ttl,
+        deps.settings.heartbeat_ttl_s,
+    )
+    if not claimed:
         return _redelivered(deps, run_id, turn, options)
 
-    owner_key = keys.turn_owner(run_id, turn)
-    deps.redis.set(owner_key, deps.worker_id, ex=deps.settings.heartbeat_ttl_s)
+    logs.bind(harness=options.harness)
     log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
+    started, outcome = metrics.turn_started(options.harness), "internal-error"
     deps.shutdown.enter()
     try:
-        return _run(deps, payload, options)
+        outcome = _run(deps, payload, options)
+        return outcome
     finally:
         deps.shutdown.leave()
+        metrics.turn_finished(options.harness, outcome, started)
         _retry_redis(lambda: deps.redis.delete(owner_key))
 
 
@@ -148,6 +170,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         )
     credential_ttl = int(settings.run_lease_s + settings.max_turn_timeout_s)
     secrets[CREDENTIAL_ENV] = credentials.issue(deps.redis, deps.keys, run_id, credential_ttl)
+    logs.mask(secrets)
     out.publisher = RedisStreamPublisher(
         deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
     )
@@ -187,6 +210,10 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         queue=settings.host_queue,
         lease_until=lease_until,
         sandbox=placement.backend,
+    )
+    log.info(
+        "sandbox.ready",
+        extra={"backend": placement.backend, "container": placement.container_id},
     )
 
     request = _request(options, payload, placement, record, resolved.executable, secrets)
@@ -298,8 +325,10 @@ def _attempt(
         driver.fail(session_error(f"the harness could not be started: {exc}", "sandbox"))
         assert driver.terminal is not None
         return attempt.Outcome(driver.terminal, None, ""), driver
+    log.info("harness.started", extra={"attempt": number, "executable": spec.argv[0]})
     try:
         outcome = attempt.drive(process, driver, out, limits, stop)
+        log.info("harness.exited", extra={"attempt": number, "exit_code": outcome.exit_code})
     except SandboxError as exc:
         with contextlib.suppress(SandboxError):
             process.kill(grace=limits.kill_grace_s)
@@ -469,6 +498,7 @@ def close_lost_turn(
     )
     publisher.publish(events)
     publisher.drain(REDIS_PATIENCE_S)
+    metrics.turn_failed(harness, "worker-lost")
     log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
     return "worker-lost"
 

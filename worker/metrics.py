@@ -1,0 +1,121 @@
+"""Prometheus metrics of a worker process (prometheus-client), served on HARNESS_METRICS_PORT.
+
+Every metric is per worker process and starts at zero when it starts; Prometheus sums them
+over instances. Labels have small, closed value sets: harness ids, the contract's error
+reasons (plus ``internal-error``), event types, sandbox backends. The endpoint is started on
+``worker_ready`` (worker/tasks.py) and serves ``/metrics`` in the text format; Flower goes on
+serving Celery's task view beside it.
+
+With the threads pool (the default) and the solo pool every turn runs in the process that
+serves the endpoint. The prefork pool runs turns in child processes whose counters this
+endpoint does not see: `harness doctor` says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+TURNS_STARTED = Counter(
+    "harness_turns_started", "Turns whose harness this worker began to run.", ["harness"]
+)
+TURNS_COMPLETED = Counter(
+    "harness_turns_completed", "Turns that ended with turn-complete.", ["harness"]
+)
+TURNS_FAILED = Counter(
+    "harness_turns_failed",
+    "Turns that ended with session-error, by the error's reason.",
+    ["harness", "reason"],
+)
+TURN_DURATION = Histogram(
+    "harness_turn_duration_seconds",
+    "Wall time of a turn on this worker, from taking it to its terminal event.",
+    ["harness", "outcome"],
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+)
+TURNS_IN_FLIGHT = Gauge("harness_turns_in_flight", "Turns running on this worker now.", ["harness"])
+EVENTS_PUBLISHED = Counter(
+    "harness_events_published", "Events written to run streams, by event type.", ["type"]
+)
+PUBLISH_RETRIES = Counter(
+    "harness_publish_retries", "Publish attempts that had to be retried (Redis unreachable)."
+)
+TEARDOWN_FAILURES = Counter(
+    "harness_teardown_failures", "Run teardowns whose sandbox could not be removed."
+)
+CONTAINERS_REAPED = Counter(
+    "harness_containers_reaped",
+    "Sandboxes (containers, or local process groups) removed by the reaper.",
+    ["backend"],
+)
+
+
+def turn_started(harness: str) -> float:
+    """Count a turn in; returns the start time to hand to :func:`turn_finished`."""
+    TURNS_STARTED.labels(harness).inc()
+    TURNS_IN_FLIGHT.labels(harness).inc()
+    return time.monotonic()
+
+
+def turn_finished(harness: str, outcome: str, started: float) -> None:
+    """Count a turn out. ``outcome`` is execute_turn's label: ``completed``,
+    ``failed:<reason>``, or another word (``internal-error``) counted as a failure."""
+    TURNS_IN_FLIGHT.labels(harness).dec()
+    if outcome == "completed":
+        TURNS_COMPLETED.labels(harness).inc()
+    else:
+        TURNS_FAILED.labels(harness, outcome.removeprefix("failed:")).inc()
+    TURN_DURATION.labels(harness, "completed" if outcome == "completed" else "failed").observe(
+        time.monotonic() - started
+    )
+
+
+def turn_failed(harness: str, reason: str) -> None:
+    """A turn closed without running here (its worker was lost, its host is gone)."""
+    TURNS_FAILED.labels(harness or "unknown", reason).inc()
+
+
+def events_published(types: Iterable[str]) -> None:
+    for kind in types:
+        EVENTS_PUBLISHED.labels(kind).inc()
+
+
+def publish_retried() -> None:
+    PUBLISH_RETRIES.inc()
+
+
+def teardown_failed() -> None:
+    TEARDOWN_FAILURES.inc()
+
+
+def reaped(backend: str) -> None:
+    CONTAINERS_REAPED.labels(backend).inc()
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> bool:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread. Port 0 means off.
+
+    A port already in use (several workers on one machine with the same setting) is logged
+    and the worker runs on without metrics: give each worker its own HARNESS_METRICS_PORT.
+    """
+    if port <= 0:
+        return False
+    try:
+        start_http_server(port, addr=addr)
+    except OSError as exc:
+        log.warning(
+            "metrics.unavailable",
+            extra={
+                "port": port,
+                "error": str(exc),
+                "fix": "give each worker on this machine its own HARNESS_METRICS_PORT, or 0",
+            },
+        )
+        return False
+    log.info("metrics.serving", extra={"addr": addr, "port": port})
+    return True
