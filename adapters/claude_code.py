@@ -39,7 +39,6 @@ CAPABILITIES = Capabilities(
 # permission_denials, api_error_status, errors). Everything else is ignored.
 _STALE = re.compile(r"No conversation found with session ID", re.I)
 _FILE_TOOLS = {"Edit", "MultiEdit", "Write", "NotebookEdit"}
-_COMMAND_TOOLS = {"Bash", "PowerShell"}
 # The CLI's own stand-in for an answer it never got (API errors): not the model used.
 _SYNTHETIC_MODEL = "<synthetic>"
 
@@ -53,7 +52,7 @@ class State:
     session_sent: bool = False
     api_error: str | None = None
     retry_delay_s: float | None = None
-    tool_inputs: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    commands: dict[str, str] = field(default_factory=dict)
     denied: set[str] = field(default_factory=set)
     carry: dict[str, Any] = field(default_factory=dict)
 
@@ -83,9 +82,9 @@ def build_command(request: TurnRequest) -> Command:
         # posture is the producer saying exactly that.
         env["IS_SANDBOX"] = "1"
     else:
-        # strict: nothing needs asking is allowed, the rest is denied (no one answers in -p);
-        # auto: file edits in the workspace are accepted too. Commands beyond the read-only
-        # ones need an --allowedTools pattern in both.
+        # strict (dontAsk): only what needs no approval runs (reads, read-only commands),
+        # the rest is denied; auto (acceptEdits): file edits are accepted too. Other
+        # commands need an --allowedTools pattern in both.
         argv += ["--permission-mode", "dontAsk" if request.posture == "strict" else "acceptEdits"]
     # Both flags take a variable number of values: each pattern is one argv element, and no
     # positional argument follows them.
@@ -118,7 +117,7 @@ def _session(state: State) -> list[Event]:
 def _activity(block: dict[str, Any]) -> SandboxActivity:
     name = _str(block.get("name")) or "tool"
     args = _dict(block.get("input"))
-    if name in _COMMAND_TOOLS and _str(args.get("command")):
+    if name == "Bash" and _str(args.get("command")):
         return SandboxActivity(kind="command", description=args["command"])
     if name in _FILE_TOOLS:
         path = _str(args.get("file_path")) or _str(args.get("notebook_path")) or ""
@@ -141,11 +140,9 @@ def _assistant(message: dict[str, Any], state: State) -> list[Event]:
         if block.get("type") == "text" and _str(block.get("text")):
             out.append(AssistantText(text=block["text"]))
         elif block.get("type") == "tool_use":
-            activity = _activity(block)
-            tool_id = _str(block.get("id")) or ""
-            command = activity.description if activity.kind == "command" else None
-            state.tool_inputs[tool_id] = (activity.description, command)
-            out.append(activity)
+            out.append(_activity(block))
+            if out[-1].type == "sandbox-activity" and out[-1].kind == "command":
+                state.commands[_str(block.get("id")) or ""] = out[-1].description
     return out
 
 
@@ -153,8 +150,8 @@ def _denial(tool_id: str, name: str, message: str | None, state: State) -> list[
     if tool_id in state.denied:
         return []
     state.denied.add(tool_id)
-    description, command = state.tool_inputs.get(tool_id, (name, None))
-    text = message or f"{name} was denied by the permission policy: {description}"
+    text = message or f"{name} was denied by the permission policy"
+    command = state.commands.get(tool_id)
     return [PermissionRequest(request_id=tool_id, description=text, command=command)]
 
 
@@ -231,8 +228,11 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
         out.append(usage)
     for denial in message.get("permission_denials") or []:
         if isinstance(denial, dict):
-            name = _str(denial.get("tool_name")) or "tool"
-            out += _denial(_str(denial.get("tool_use_id")) or "", name, None, state)
+            tool_id, name = _str(denial.get("tool_use_id")) or "", _str(denial.get("tool_name"))
+            command = _str(_dict(denial.get("tool_input")).get("command"))
+            if name == "Bash" and command:
+                state.commands.setdefault(tool_id, command)
+            out += _denial(tool_id, name or "tool", None, state)
     if not failed:
         totals = usage.model_dump(include={"input_tokens", "output_tokens", "cost_usd"})
         return [

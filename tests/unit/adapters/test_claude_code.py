@@ -259,11 +259,28 @@ def test_permission_denied_line_and_result_denials_become_one_permission_request
         ),
         PermissionRequest(
             request_id="toolu_2",
-            description="Write was denied by the permission policy: Write",
+            description="Write was denied by the permission policy",
             command=None,
         ),
     ]
     assert isinstance(events[-1], TurnComplete)
+
+
+def test_result_denial_without_earlier_tool_line_takes_command_from_tool_input() -> None:
+    line = {
+        "type": "result",
+        "is_error": False,
+        "result": "no",
+        "usage": {"output_tokens": 1},
+        "permission_denials": [
+            {"tool_name": "Bash", "tool_use_id": "t9", "tool_input": {"command": "rm -rf build"}}
+        ],
+    }
+    events, _ = replay(
+        adapter, TurnRequest(input="q"), [json.dumps(line).encode()], ExitInfo(exit_code=0)
+    )
+    (request,) = by_type(events, "permission-request")
+    assert (request.request_id, request.command) == ("t9", "rm -rf build")
 
 
 def test_edit_tool_is_file_activity_and_other_tools_are_tool_activity() -> None:
