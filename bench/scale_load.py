@@ -102,16 +102,21 @@ class Cluster:
             )
         return found
 
-    def reap(self) -> None:
+    def reap(self) -> list[str]:
+        """One reaper pass per host; returns what it removed. Raises with the CLI's stderr."""
+        removed: list[str] = []
         for host in self.hosts:
-            subprocess.run(
+            done = subprocess.run(
                 [sys.executable, "-m", "worker.cli", "reap"],
                 cwd=REPO,
                 timeout=300,
-                check=True,
                 capture_output=True,
                 env={**os.environ, **self.host_env(host)},
             )
+            if done.returncode != 0:
+                raise RuntimeError(f"harness reap failed: {done.stderr.decode()[-2000:]}")
+            removed += done.stdout.decode().splitlines()
+        return removed
 
     def stop(self) -> None:
         for proc in self.processes:

@@ -1,0 +1,418 @@
+"""Soak: many turns over several worker processes while faults are injected at random.
+
+    python -m bench.soak --turns 200 [--workers 3] [--seed 7]
+
+Every turn runs the demo harness in a Docker container. Faults, picked at random per turn:
+a cancel mid-turn, a harness that exits without a terminal line, a harness error, a turn
+timeout, a worker SIGKILLed or SIGTERMed mid-turn (and restarted), and a restart of the Redis
+that holds the streams (a private redis-server with an append-only file). Afterwards every
+run is ended and a reaper pass runs; then it prints: turns, faults by kind, leaked containers,
+live credentials, turns without exactly one terminal, and turns with duplicate or missing
+events. Exit status 1 when any of those is not zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from bench.scale_load import Cluster, start_cluster
+from worker.client import HarnessClient
+
+LINES = 8
+TURN_TIMEOUT_S = 5.0
+SCRIPTS = {
+    "none": f"@stream {LINES} 0.05",
+    "cancel": "@text started\n@sleep 30",
+    "exit": "@text started\n@exit 3",
+    "error": "@text started\n@error scripted failure",
+    "timeout": "@text started\n@sleep 30",
+    "worker-kill": "@text started\n@sleep 30",
+    "worker-term": "@text started\n@sleep 30",
+    "redis-restart": f"@stream {LINES} 0.25",
+}
+EXPECTED_REASON = {
+    "cancel": {"cancelled"},
+    "exit": {"exit"},
+    "error": {"harness-error"},
+    "timeout": {"timeout"},
+    # A concurrent fault on the same worker may take the turn down the other way first.
+    "worker-kill": {"worker-lost", "shutdown"},
+    "worker-term": {"shutdown", "worker-lost"},
+}
+WEIGHTS = {
+    "none": 60,
+    "cancel": 8,
+    "exit": 6,
+    "error": 6,
+    "timeout": 6,
+    "worker-kill": 5,
+    "worker-term": 5,
+    "redis-restart": 4,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Gate:
+    """Producers' calls share the gate; a Redis restart takes it alone, so that no producer
+    call is cut in half by the restart (what the soak checks is the worker side)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._users = 0
+        self._closed = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._closed = True
+            self._cond.wait_for(lambda: self._users == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._closed = False
+                self._cond.notify_all()
+
+
+class PrivateRedis:
+    def __init__(self, directory: Path) -> None:
+        self.port = _free_port()
+        self.directory = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.gate = Gate()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("private redis did not start")
+
+    def restart(self, down_for_s: float = 1.0) -> None:
+        with self.gate.exclusive():
+            if self.proc:
+                self.proc.terminate()
+                self.proc.wait(30)
+            time.sleep(down_for_s)
+            self.start()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@dataclass
+class Soak:
+    cluster: Cluster
+    store: PrivateRedis
+    rng: random.Random
+    faults: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    turns_done: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    worker_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def pick(self) -> str:
+        with self.lock:
+            kinds, weights = zip(*WEIGHTS.items(), strict=True)
+            return self.rng.choices(kinds, weights)[0]
+
+    def restart_a_worker(self, sig: signal.Signals) -> None:
+        with self.worker_lock:
+            index = self.rng.randrange(len(self.cluster.processes))
+            proc = self.cluster.processes[index]
+            if proc.poll() is None:
+                proc.send_signal(sig)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+            self.cluster.processes[index] = self.cluster.spawn(self.cluster.hosts[0], index)
+
+    def kill_busy_worker(self, client: HarnessClient, run_id: str, sig: signal.Signals) -> None:
+        """Signal the worker process running this run's turn (found by its heartbeat)."""
+        with self.worker_lock, self.store.gate.shared():
+            record = client.status(run_id)
+            owner = client.redis.get(client.keys.turn_owner(run_id, record["current_turn"]))
+            pid = int(owner.rsplit(":", 1)[1]) if owner else None
+            for index, proc in enumerate(self.cluster.processes):
+                if proc.pid == pid and proc.poll() is None:
+                    proc.send_signal(sig)
+                    try:
+                        proc.wait(60)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait(10)
+                    self.cluster.processes[index] = self.cluster.spawn(self.cluster.hosts[0], index)
+                    return
+        # No live owner: the turn already ended (another fault took its worker down first).
+
+    def one_turn(self, client: HarnessClient, run_id: str | None, turn: int) -> str:
+        kind = self.pick()
+        script = SCRIPTS[kind]
+        with self.store.gate.shared():
+            if run_id is None:
+                # Every scripted turn but "timeout" ends well within the turn timeout.
+                run_id = client.start_run(
+                    "stdio-json", script, executable="harness-demo", timeout_s=TURN_TIMEOUT_S
+                )
+            else:
+                client.submit_turn(run_id, script)
+        if kind in ("cancel", "worker-kill", "worker-term"):
+            self._wait_for_text(client, run_id, turn)
+            if kind == "cancel":
+                with self.store.gate.shared():
+                    client.cancel(run_id)
+            else:
+                sig = signal.SIGKILL if kind == "worker-kill" else signal.SIGTERM
+                self.kill_busy_worker(client, run_id, sig)
+        elif kind == "redis-restart":
+            self._wait_for_text(client, run_id, turn)
+            self.store.restart()
+        terminal = self._wait(client, run_id, turn)
+        with self.lock:
+            self.faults[kind] += 1
+            self.turns_done += 1
+        self.check(client, run_id, turn, kind, terminal)
+        return run_id
+
+    def _wait_for_text(self, client: HarnessClient, run_id: str, turn: int) -> None:
+        after = "0-0" if turn == 1 else f"{turn - 1}-18446744073709551615"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                for event in client.events(run_id, after=after, follow=True, timeout=5):
+                    if event.turn == turn and (event.type == "assistant-text" or event.terminal):
+                        return
+            except Exception:  # noqa: BLE001 -- Redis restarting under another thread
+                time.sleep(0.5)
+        self.problems.append(f"{run_id}/{turn}: never produced text")
+
+    def _wait(self, client: HarnessClient, run_id: str, turn: int) -> dict[str, object]:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                reap_soon = time.monotonic() + 8
+                event = client.wait(run_id, turn, timeout=max(1.0, reap_soon - time.monotonic()))
+                return {"type": event.type, **event.data}
+            except TimeoutError:
+                # Closes the turns of a killed worker once its heartbeat has lapsed.
+                with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                    self.cluster.reap()
+            except Exception:  # noqa: BLE001 -- Redis restarting under another thread
+                time.sleep(0.5)
+        self.problems.append(f"{run_id}/{turn}: no terminal within 240 s")
+        return {}
+
+    def check(
+        self, client: HarnessClient, run_id: str, turn: int, kind: str, terminal: dict[str, object]
+    ) -> None:
+        for _ in range(20):
+            try:
+                events = [e for e in client.events(run_id) if e.turn == turn]
+                break
+            except Exception:  # noqa: BLE001 -- Redis restarting under another thread
+                time.sleep(0.5)
+        else:
+            self.problems.append(f"{run_id}/{turn}: could not read events")
+            return
+        where = f"{run_id}/{turn} ({kind})"
+        if terminal.get("reason") in ("worker-lost", "shutdown") and not kind.startswith("worker-"):
+            # Another turn's worker fault took this turn down with it: one terminal still.
+            with self.lock:
+                self.faults["collateral"] += 1
+            kind = "collateral"
+        if [e.seq for e in events] != list(range(len(events))):
+            self.problems.append(f"{where}: ids not contiguous")
+        if [e.terminal for e in events].count(True) != 1 or not events[-1].terminal:
+            self.problems.append(f"{where}: {[e.terminal for e in events].count(True)} terminals")
+        if [e.type for e in events].count("turn-started") != 1:
+            self.problems.append(f"{where}: duplicate turn-started")
+        if [e.type for e in events].count("session") > 1:
+            self.problems.append(f"{where}: the harness ran more than once")
+        expected = EXPECTED_REASON.get(kind)
+        if expected and terminal.get("reason") not in expected:
+            self.problems.append(f"{where}: ended {terminal.get('type')} {terminal.get('reason')}")
+        if kind in ("none", "redis-restart"):
+            texts = [e.data["text"] for e in events if e.type == "assistant-text"]
+            if terminal.get("type") != "turn-complete" or texts != [
+                f"line {i}" for i in range(LINES)
+            ]:
+                self.problems.append(f"{where}: missing or duplicate events: {texts}")
+
+    def run_worker(self, budget: list[int]) -> None:
+        client = self.cluster.client()
+        run_id: str | None = None
+        turn = 0
+        try:
+            while True:
+                with self.lock:
+                    if budget[0] <= 0:
+                        break
+                    budget[0] -= 1
+                turn += 1
+                try:
+                    run_id = self.one_turn(client, run_id, turn)
+                except Exception as exc:  # noqa: BLE001 -- report, start a fresh run
+                    self.problems.append(f"{run_id}/{turn}: {type(exc).__name__}: {exc}")
+                    run_id, turn = None, 0
+                    continue
+                with self.store.gate.shared():
+                    status = client.status(run_id)["status"]
+                    if status in ("failed", "ended") or self.rng.random() < 0.25:
+                        if status not in ("failed", "ended"):
+                            client.end(run_id)
+                        run_id, turn = None, 0
+            if run_id:
+                with self.store.gate.shared():
+                    client.end(run_id)
+        finally:
+            client.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--parallel", type=int, default=8, help="runs driven at once")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--broker", default=os.environ.get("HARNESS_BROKER_URL", "redis://127.0.0.1:6379/0")
+    )
+    args = parser.parse_args()
+    report = soak(args.turns, args.workers, args.parallel, args.seed, args.broker)
+    for line in report["lines"]:
+        print(line)
+    return 0 if report["ok"] else 1
+
+
+def _is_event_problem(problem: str) -> bool:
+    return any(word in problem for word in ("missing", "duplicate", "more than once"))
+
+
+def soak(turns: int, workers: int, parallel: int, seed: int, broker: str) -> dict[str, object]:
+    workdir = Path(tempfile.mkdtemp(prefix="harness-soak-"))
+    (workdir / "redis").mkdir()
+    store = PrivateRedis(workdir / "redis")
+    store.start()
+    cluster = start_cluster(
+        redis_url=store.url,
+        broker_url=broker,
+        workers_per_host=workers,
+        concurrency=8,
+        workdir=workdir,
+        second_host=False,
+        extra_env={
+            "HARNESS_HEARTBEAT_TTL_S": "3",
+            "HARNESS_SHUTDOWN_GRACE_S": "1",
+            "HARNESS_HOST_TIMEOUT_S": "120",
+        },
+    )
+    state = Soak(cluster, store, random.Random(seed))
+    budget = [turns]
+    started = time.monotonic()
+    try:
+        threads = [
+            threading.Thread(target=state.run_worker, args=(budget,)) for _ in range(parallel)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        cluster.reap()
+        leaked = len(cluster.containers())
+        client = cluster.client()
+        live = sum(1 for _ in client.redis.scan_iter(f"{cluster.prefix}:run:*:credential"))
+        client.close()
+    finally:
+        cluster.stop()
+        store.stop()
+    seconds = time.monotonic() - started
+    lines = [
+        f"turns {state.turns_done} in {seconds:.0f}s over {workers} worker processes "
+        f"({parallel} runs at a time)",
+        "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(state.faults.items())),
+        f"leaked containers: {leaked}",
+        f"live credentials after end: {live}",
+        f"turns without exactly one terminal: {sum('terminals' in p for p in state.problems)}",
+        f"turns with duplicate or missing events: {sum(map(_is_event_problem, state.problems))}",
+        f"other problems: {len(state.problems)}"
+        + "".join(f"\n  - {p}" for p in state.problems[:20]),
+    ]
+    ok = not state.problems and leaked == 0 and live == 0 and state.turns_done == turns
+    return {
+        "ok": ok,
+        "lines": lines,
+        "problems": state.problems,
+        "leaked": leaked,
+        "live": live,
+        "turns": state.turns_done,
+        "faults": dict(state.faults),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
