@@ -23,13 +23,20 @@ SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # for one-line fields: newlines and tabs too
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """A producer's value for an error message: its repr, cut short (never 10 MiB of it)."""
+    if not isinstance(value, str) or len(value) <= limit:
+        return repr(value)[: limit + 40]
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def new_run_id() -> str:
     return "r" + secrets.token_hex(12)
 
 
 def check_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not RUN_ID.match(run_id):
-        raise InvalidInput(f"invalid run id {run_id!r}: expected 'r' and 24 hex digits")
+        raise InvalidInput(f"invalid run id {shown(run_id)}: expected 'r' and 24 hex digits")
     return run_id
 
 
@@ -63,7 +70,7 @@ class RunOptions(BaseModel):
     @classmethod
     def _known_harness(cls, value: str) -> str:
         if value not in HARNESS_IDS:
-            raise ValueError(f"unknown harness {value!r}; known: {', '.join(HARNESS_IDS)}")
+            raise ValueError(f"unknown harness {shown(value)}; known: {', '.join(HARNESS_IDS)}")
         return value
 
     @field_validator("model", "system_prompt", "executable", "base_url")
@@ -85,7 +92,7 @@ class RunOptions(BaseModel):
     def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for pattern in value:
             if not pattern or len(pattern) > 500 or _CONTROL.search(pattern):
-                raise ValueError(f"invalid tool pattern {pattern!r}")
+                raise ValueError(f"invalid tool pattern {shown(pattern)}")
         return value
 
     @field_validator("grants")
@@ -93,28 +100,30 @@ class RunOptions(BaseModel):
     def _grant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for name in value:
             if not ENV_NAME.match(name):
-                raise ValueError(f"invalid grant name {name!r}: use an environment variable name")
+                raise ValueError(
+                    f"invalid grant name {shown(name)}: use an environment variable name"
+                )
         return value
 
     @field_validator("image")
     @classmethod
     def _image_ref(cls, value: str | None) -> str | None:
         if value is not None and (len(value) > 255 or not IMAGE_REF.match(value)):
-            raise ValueError(f"invalid image reference {value!r}")
+            raise ValueError(f"invalid image reference {shown(value)}")
         return value
 
     @field_validator("resume_session")
     @classmethod
     def _session_id(cls, value: str | None) -> str | None:
         if value is not None and not SESSION_ID.match(value):
-            raise ValueError(f"invalid vendor session id {value!r}")
+            raise ValueError(f"invalid vendor session id {shown(value)}")
         return value
 
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^\s/?#]+[^\s]*$", value):
-            raise ValueError(f"invalid base URL {value!r}: expected http(s)://host[/path]")
+            raise ValueError(f"invalid base URL {shown(value)}: expected http(s)://host[/path]")
         return value
 
     @field_validator("executable")
