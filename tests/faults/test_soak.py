@@ -1,0 +1,21 @@
+"""A small soak: random faults over several workers leave nothing behind and lose nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.soak import soak
+from tests.integration.docker_fixtures import ensure_images, require_docker
+
+pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.docker, pytest.mark.slow]
+
+
+def test_soak_with_random_faults_is_clean(redis_url: str) -> None:
+    require_docker()
+    ensure_images(["demo"])
+    report = soak(turns=24, workers=2, parallel=4, seed=5, broker=redis_url)
+    assert report["problems"] == []
+    assert report["turns"] == 24
+    assert report["leaked"] == 0
+    assert report["live"] == 0
+    assert sum(n for kind, n in report["faults"].items() if kind != "none") > 0
