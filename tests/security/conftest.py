@@ -333,3 +333,8 @@ def sh(script: str) -> str:
     """
     code = f"import os; os.execv('/bin/sh', ['sh', '-c', {script!r}])"
     return f"@run python3 -c exec(bytes.fromhex('{code.encode().hex()}').decode())"
+
+
+def py(code: str) -> str:
+    """A demo-harness line that runs Python ``code`` inside the sandbox (see :func:`sh`)."""
+    return f"@run python3 -c exec(bytes.fromhex('{code.encode().hex()}').decode())"
