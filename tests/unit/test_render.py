@@ -1,0 +1,238 @@
+"""What `harness run/turn/events` print: for a person (plain or on a terminal), or JSON lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+
+from worker import render
+from worker.client import StreamEvent
+from worker.render import Renderer
+
+RUN_ID = "r" + "a" * 24
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def turn(number: int = 1, harness: str = "stdio-json", t0: float = 1000.0) -> list[StreamEvent]:
+    """A text-and-tool turn as the demo harness streams it."""
+    raw: list[tuple[str, dict[str, Any]]] = [
+        ("turn-started", {"harness": harness, "attempt": 1, "input_chars": 5}),
+        ("session", {"session_id": "demo-abc", "resumed": number > 1, "model": "demo-1"}),
+        ("assistant-text", {"text": "Looking at the file"}),
+        ("sandbox-activity", {"kind": "command", "description": "wc -w input.txt"}),
+        ("assistant-text", {"text": "You said: hello"}),
+        (
+            "usage",
+            {
+                "input_tokens": 1200,
+                "output_tokens": 34,
+                "cached_input_tokens": 0,
+                "cost_usd": 0.0123,
+                "source": "harness",
+            },
+        ),
+        (
+            "turn-complete",
+            {
+                "text": "You said: hello",
+                "session_id": "demo-abc",
+                "model": "demo-1",
+                "input_tokens": 1200,
+                "output_tokens": 34,
+                "cost_usd": 0.0123,
+                "exit_code": 0,
+            },
+        ),
+    ]
+    return [
+        StreamEvent(f"{number}-{seq}", kind, data, t0 + seq * 0.5)
+        for seq, (kind, data) in enumerate(raw)
+    ]
+
+
+def failed_turn(number: int = 2) -> list[StreamEvent]:
+    return [
+        StreamEvent(
+            f"{number}-0",
+            "turn-started",
+            {"harness": "stdio-json", "attempt": 1, "input_chars": 3},
+            2000.0,
+        ),
+        StreamEvent(
+            f"{number}-1",
+            "session-error",
+            {
+                "error": "the turn timed out",
+                "reason": "timeout",
+                "retryable": True,
+                "retry_after_s": 30,
+                "exit_code": None,
+                "stderr_tail": "first\nlast words",
+            },
+            2012.5,
+        ),
+    ]
+
+
+RECORD = {
+    "run_id": RUN_ID,
+    "status": "idle",
+    "turns": 1,
+    "input_tokens": 1200,
+    "output_tokens": 34,
+    "cost_usd": 0.0123,
+    "model_reported": "demo-1",
+    "session_id": "demo-abc",
+}
+
+
+def rendered(events: list[StreamEvent], *, json_output: bool = False, **kwargs: Any) -> str:
+    out = io.StringIO()
+    r = Renderer(json_output, out, **kwargs)
+    r.accepted(RUN_ID, events[0].turn)
+    for event in events:
+        r.event(event)
+    r.summary(RECORD, events[-1])
+    r.close()
+    return out.getvalue()
+
+
+def test_json_output_is_one_object_per_line_and_nothing_else() -> None:
+    events = turn() + failed_turn()
+    lines = rendered(events, json_output=True, terminal=True).splitlines()
+    objects = [json.loads(line) for line in lines]  # raises on anything that is not JSON
+    assert objects[0] == {"run_id": RUN_ID, "turn": 1}
+    assert objects[1:] == [e.as_dict() for e in events]
+    assert not ANSI.search("\n".join(lines))
+
+
+def test_plain_output_has_no_escape_codes_and_the_run_id_first() -> None:
+    text = rendered(turn())
+    assert not ANSI.search(text)
+    lines = text.splitlines()
+    assert lines[0] == RUN_ID
+    assert "Looking at the file" in lines
+    assert "You said: hello" in lines
+    assert "  $ wc -w input.txt" in lines
+
+
+def test_terminal_output_is_coloured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    text = rendered(turn(), terminal=True)
+    assert ANSI.search(text)
+    assert "You said: hello" in ANSI.sub("", text)
+
+
+def test_closing_line_shows_duration_tokens_cost_model_and_session() -> None:
+    lines = rendered(turn()).splitlines()
+    done = lines.index("✓ turn 1 complete")
+    facts = lines[done + 1]
+    assert facts.strip().split(" · ") == [
+        "3.0s",
+        "tokens 1200 in / 34 out",
+        "$0.0123",
+        "model demo-1",
+        "session demo-abc",
+    ]
+    assert lines[-1].startswith(f"run {RUN_ID} · idle · 1 turn · ")
+
+
+def test_failed_turn_shows_reason_retry_hint_and_stderr_tail() -> None:
+    lines = rendered(failed_turn()).splitlines()
+    assert "✗ turn 2 failed (timeout): the turn timed out · retryable after 30s" in lines
+    assert "  │ last words" in lines
+    assert any(line.strip().startswith("12.5s · tokens 0 in / 0 out · cost n/a") for line in lines)
+
+
+def test_harness_text_is_never_markup_and_control_characters_are_shown() -> None:
+    events = turn()
+    events[2] = StreamEvent(
+        "1-2", "assistant-text", {"text": "[bold]x[/bold] :smile: \x1b[31mred\x07"}, 1001.0
+    )
+    text = rendered(events, terminal=True)
+    plain = ANSI.sub("", text)
+    assert "[bold]x[/bold] :smile: ␛[31mred␇" in plain
+    assert "\x07" not in text and "\x1b[31mred" not in text
+
+
+def test_final_text_is_printed_when_it_was_not_streamed() -> None:
+    events = [e for e in turn() if e.type != "assistant-text"]
+    assert "You said: hello" in rendered(events).splitlines()
+
+
+def test_final_text_already_streamed_is_not_repeated() -> None:
+    assert rendered(turn()).splitlines().count("You said: hello") == 1
+
+
+def test_delta_text_is_joined_as_it_arrives() -> None:
+    events = turn(harness="gemini")
+    events[2] = StreamEvent("1-2", "assistant-text", {"text": "You said: "}, 1001.0)
+    events[4] = StreamEvent("1-4", "assistant-text", {"text": "hello"}, 1002.0)
+    lines = rendered(events).splitlines()
+    assert "You said: " in lines  # the tool line ends the first piece's line
+    events.pop(3)  # without the tool line the pieces are one line
+    assert "You said: hello" in rendered(events).splitlines()
+
+
+def test_unknown_event_type_is_shown_not_hidden() -> None:
+    events = [*turn()[:2], StreamEvent("1-2", "future-thing", {"x": 1}, 1001.0)]
+    assert 'future-thing {"x": 1}' in rendered(events)
+
+
+def test_spinner_runs_while_waiting_and_is_gone_after_the_terminal_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(render, "SPINNER_DELAY_S", 0.01)
+    out = io.StringIO()
+    r = Renderer(False, out, terminal=True)
+    events = turn()
+    for event in events[:3]:
+        r.event(event)
+    time.sleep(0.4)
+    assert r._spinner is not None and r._spinner._live is not None
+    assert "thinking…" in ANSI.sub("", out.getvalue())
+    for event in events[3:]:
+        r.event(event)
+    assert r._spinner._live is None and r._spinner._timer is None
+    r.close()
+
+
+def test_no_spinner_when_not_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render, "SPINNER_DELAY_S", 0.01)
+    out = io.StringIO()
+    r = Renderer(False, out)
+    r.event(turn()[0])
+    time.sleep(0.2)
+    assert r._spinner is None
+    assert "thinking" not in out.getvalue()
+
+
+def test_record_prints_key_value_lines_when_piped() -> None:
+    out = io.StringIO()
+    Renderer(False, out).record(
+        {"run_id": RUN_ID, "status": "idle", "options": {"a": 1}, "x": None}
+    )
+    assert out.getvalue().splitlines() == [
+        f"run_id   {RUN_ID}",
+        "status   idle",
+        'options  {"a": 1}',
+        "x        ",
+    ]
+
+
+def test_summary_says_when_the_stream_ended_without_a_terminal() -> None:
+    out = io.StringIO()
+    Renderer(False, out).summary(RECORD, None)
+    assert "the stream ended before the turn's terminal event" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"), [(0.42, "0.4s"), (59.9, "59.9s"), (61, "1m01s"), (3725, "1h02m")]
+)
+def test_durations_read_naturally(seconds: float, shown: str) -> None:
+    assert render.format_duration(seconds) == shown
