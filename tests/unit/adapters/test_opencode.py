@@ -40,11 +40,12 @@ MESSAGES = [json.loads(line) for s in scenarios(HARNESS) for line in stdout_line
 def request_for(scenario: str, **changes: Any) -> TurnRequest:
     recorded = meta(HARNESS, scenario)
     fields: dict[str, Any] = {
-        "input": recorded.get("prompt", "q"),
+        "input": recorded.get("stdin", "q"),
         "resume_session": recorded.get("resume_session"),
-        "base_url": recorded.get("base_url"),
-        "model": recorded.get("model"),
     }
+    if str(recorded.get("command_source", "")).startswith("adapter"):
+        # Recorded with this adapter's command: its provider for the fake server's base URL.
+        fields.update(base_url="http://127.0.0.1:1/v1", model="fake-model")
     return TurnRequest(**{**fields, **changes})
 
 
@@ -108,7 +109,7 @@ def test_recorded_stream_maps_the_same_when_fed_in_small_chunks(scenario: str) -
 
 
 def test_text_turn_completes_at_exit_with_answer_and_no_model() -> None:
-    events, driver = run("text")
+    events, driver = run("ref-text")
     assert [e.type for e in events] == [
         "turn-started",
         "session",
@@ -132,14 +133,14 @@ def test_text_turn_completes_at_exit_with_answer_and_no_model() -> None:
 
 
 def test_step_with_stop_is_not_terminal_before_exit() -> None:
-    driver_events, driver = replay(adapter, request_for("text"), stdout_bytes(HARNESS, "text"),
+    driver_events, driver = replay(adapter, request_for("ref-text"), stdout_bytes(HARNESS, "ref-text"),
                                    ExitInfo(exit_code=None))  # fmt: skip
     assert not any(isinstance(e, TurnComplete) for e in driver_events)
     assert isinstance(driver.terminal, SessionError) and driver.terminal.reason == "exit"
 
 
 def test_nonzero_exit_after_a_stop_step_is_an_error_not_a_completion() -> None:
-    events, _ = run("text", ExitInfo(exit_code=1, stderr_tail="boom"))
+    events, _ = run("ref-text", ExitInfo(exit_code=1, stderr_tail="boom"))
     assert isinstance(events[-1], SessionError)
     assert (events[-1].reason, events[-1].exit_code) == ("exit", 1)
 
@@ -147,16 +148,16 @@ def test_nonzero_exit_after_a_stop_step_is_an_error_not_a_completion() -> None:
 def test_steps_after_a_stop_step_decide_the_answer() -> None:
     # After an automatic compaction opencode's summary step ends with "stop" and the loop
     # goes on; only the last step's text is the answer.
-    lines = stdout_lines(HARNESS, "text")
+    lines = stdout_lines(HARNESS, "ref-text")
     later = [line.replace(b"Hello from the fake model.", b"the real answer") for line in lines]
-    events, _ = replay(adapter, request_for("text"), lines + later, ExitInfo(exit_code=0))
+    events, _ = replay(adapter, request_for("ref-text"), lines + later, ExitInfo(exit_code=0))
     assert isinstance(events[-1], TurnComplete)
     assert events[-1].text == "the real answer"
     assert (events[-1].input_tokens, events[-1].output_tokens) == (24, 14)
 
 
 def test_tool_turn_reports_command_usage_per_step_and_sums_them() -> None:
-    events, _ = run("tool")
+    events, _ = run("ref-tool")
     assert by_type(events, "sandbox-activity") == [
         SandboxActivity(kind="command", description="echo tool-ok")
     ]
@@ -178,24 +179,26 @@ def test_cache_reads_count_as_input_and_as_cached_input() -> None:
 
 
 def test_cost_is_null_for_a_model_described_by_base_url() -> None:
-    events, _ = run("tool", base_url="http://127.0.0.1:9/v1", model="m")
+    events, _ = run("ref-tool", base_url="http://127.0.0.1:9/v1", model="m")
     assert {u.cost_usd for u in by_type(events, "usage")} == {None}
     assert events[-1].cost_usd is None
 
 
 def test_cost_sums_the_steps_that_opencode_priced() -> None:
-    lines = [line.replace(b'"cost":0}', b'"cost":0.25}') for line in stdout_lines(HARNESS, "tool")]
-    events, _ = replay(adapter, request_for("tool"), lines, ExitInfo(exit_code=0))
+    lines = [
+        line.replace(b'"cost":0}', b'"cost":0.25}') for line in stdout_lines(HARNESS, "ref-tool")
+    ]
+    events, _ = replay(adapter, request_for("ref-tool"), lines, ExitInfo(exit_code=0))
     assert [u.cost_usd for u in by_type(events, "usage")] == [0.25, 0.25]
     assert events[-1].cost_usd == 0.5
 
 
 def test_resumed_is_true_only_when_the_offered_session_continues() -> None:
-    resumed, _ = run("resume")
+    resumed, _ = run("ref-resume")
     assert by_type(resumed, "session")[0].resumed is True
-    fresh, _ = run("resume", resume_session=None)
+    fresh, _ = run("ref-resume", resume_session=None)
     assert by_type(fresh, "session")[0].resumed is False
-    other, _ = run("resume", resume_session="ses_000000000000stalesession0")
+    other, _ = run("ref-resume", resume_session="ses_000000000000stalesession0")
     assert by_type(other, "session")[0].resumed is False
 
 
@@ -215,8 +218,8 @@ def test_session_not_found_without_an_offered_session_is_no_resume_rejection() -
 @pytest.mark.parametrize(
     ("scenario", "reason", "retryable", "retry_after"),
     [
-        ("401", "auth", False, None),
-        ("429", "rate-limited", True, 7.0),
+        ("ref-401", "auth", False, None),
+        ("http-429", "rate-limited", True, 7.0),
         ("quota", "quota", False, None),
     ],
 )
@@ -231,7 +234,7 @@ def test_api_error_line_is_classified(
 
 
 def test_server_error_is_retryable_as_opencode_marks_it() -> None:
-    line = stdout_lines(HARNESS, "401")[0]
+    line = stdout_lines(HARNESS, "ref-401")[0]
     data = json.loads(line)
     data["error"]["data"].update(statusCode=500, message="upstream broke", responseBody="{}")
     for marked in (True, False):
@@ -241,7 +244,7 @@ def test_server_error_is_retryable_as_opencode_marks_it() -> None:
 
 
 def test_retry_after_ms_header_wins_over_seconds() -> None:
-    data = json.loads(stdout_lines(HARNESS, "429")[0])
+    data = json.loads(stdout_lines(HARNESS, "http-429")[0])
     data["error"]["data"]["responseHeaders"]["retry-after-ms"] = "1500"
     events, _ = replay(adapter, request_for("x"), [json.dumps(data).encode()], ExitInfo(1))
     assert events[-1].retry_after_s == 1.5
@@ -283,7 +286,7 @@ def test_denied_command_is_a_failed_activity_and_the_turn_goes_on() -> None:
 def test_tools_map_to_activity_kinds(
     tool: str, state: dict[str, Any], kind: str, description: str
 ) -> None:
-    line = json.loads(stdout_lines(HARNESS, "tool")[1])
+    line = json.loads(stdout_lines(HARNESS, "ref-tool")[1])
     line["part"].update(tool=tool, state={"status": "completed", **state})
     events, _ = replay(adapter, request_for("x"), [json.dumps(line).encode()], ExitInfo(0))
     assert by_type(events, "sandbox-activity") == [

@@ -40,11 +40,12 @@ MESSAGES = [json.loads(line) for s in scenarios(HARNESS) for line in stdout_line
 def request_for(scenario: str, **changes: Any) -> TurnRequest:
     recorded = meta(HARNESS, scenario)
     fields: dict[str, Any] = {
-        "input": recorded.get("prompt", "q"),
+        "input": recorded.get("stdin", "q"),
         "resume_session": recorded.get("resume_session"),
-        "base_url": recorded.get("base_url"),
-        "model": recorded.get("model"),
     }
+    if str(recorded.get("command_source", "")).startswith("adapter"):
+        # Recorded with this adapter's command: its provider for the fake server's base URL.
+        fields.update(base_url="http://127.0.0.1:1/v1", model="fake-model")
     return TurnRequest(**{**fields, **changes})
 
 
@@ -107,7 +108,7 @@ def test_recorded_stream_maps_the_same_when_fed_in_small_chunks(scenario: str) -
 
 
 def test_text_turn_reports_session_with_model_then_completes_at_agent_end() -> None:
-    events, driver = run("text")
+    events, driver = run("ref-text")
     assert [e.type for e in events] == [
         "turn-started",
         "session",
@@ -135,7 +136,7 @@ def test_text_turn_reports_session_with_model_then_completes_at_agent_end() -> N
 
 def test_partial_usage_in_message_updates_is_not_counted() -> None:
     # tool.ndjson repeats the running usage in six message_update lines; two replies count.
-    events, _ = run("tool")
+    events, _ = run("ref-tool")
     usages = by_type(events, "usage")
     assert [(u.input_tokens, u.output_tokens) for u in usages] == [(321, 45), (321, 45)]
     terminal = events[-1]
@@ -144,7 +145,7 @@ def test_partial_usage_in_message_updates_is_not_counted() -> None:
 
 
 def test_tool_turn_reports_the_command_and_the_last_reply_as_answer() -> None:
-    events, _ = run("tool")
+    events, _ = run("ref-tool")
     assert by_type(events, "sandbox-activity") == [
         SandboxActivity(kind="command", description="echo tool-ok")
     ]
@@ -153,13 +154,13 @@ def test_tool_turn_reports_the_command_and_the_last_reply_as_answer() -> None:
 
 
 def test_cost_is_null_for_a_model_described_by_base_url() -> None:
-    events, _ = run("tool", base_url="http://127.0.0.1:9/v1", model="fake-model")
+    events, _ = run("ref-tool", base_url="http://127.0.0.1:9/v1", model="fake-model")
     assert {u.cost_usd for u in by_type(events, "usage")} == {None}
     assert events[-1].cost_usd is None
 
 
 def test_cache_reads_count_as_input_and_as_cached_input() -> None:
-    line = json.loads(stdout_lines(HARNESS, "text")[9])
+    line = json.loads(stdout_lines(HARNESS, "ref-text")[9])
     assert line["type"] == "message_end"
     line["message"]["usage"].update(input=70, cacheRead=30, cacheWrite=5)
     events, _ = replay(adapter, request_for("x"), [json.dumps(line).encode()], ExitInfo(0))
@@ -168,11 +169,11 @@ def test_cache_reads_count_as_input_and_as_cached_input() -> None:
 
 
 def test_resumed_is_true_only_when_the_offered_session_continues() -> None:
-    resumed, _ = run("resume")
+    resumed, _ = run("ref-resume")
     assert by_type(resumed, "session")[0].resumed is True
-    fresh, _ = run("resume", resume_session=None)
+    fresh, _ = run("ref-resume", resume_session=None)
     assert by_type(fresh, "session")[0].resumed is False
-    other, _ = run("resume", resume_session="00000000-0000-7000-8000-000000000000")
+    other, _ = run("ref-resume", resume_session="00000000-0000-7000-8000-000000000000")
     assert by_type(other, "session")[0].resumed is False
 
 
@@ -184,7 +185,7 @@ def test_stale_session_sets_resume_rejected_and_ends_with_one_error() -> None:
 
 
 def test_api_error_at_exit_zero_is_a_session_error_not_a_completion() -> None:
-    events, _ = run("401")
+    events, _ = run("ref-401")
     assert [e.type for e in events] == ["turn-started", "session", "session-error"]
     error = events[-1]
     assert (error.reason, error.retryable, error.exit_code) == ("auth", False, 0)
@@ -194,7 +195,7 @@ def test_api_error_at_exit_zero_is_a_session_error_not_a_completion() -> None:
 
 @pytest.mark.parametrize(
     ("scenario", "reason", "retryable", "retry_after"),
-    [("429", "rate-limited", True, 7.0), ("quota", "quota", False, None)],
+    [("http-429", "rate-limited", True, 7.0), ("quota", "quota", False, None)],
 )
 def test_error_after_pi_gave_up_retrying_is_classified(
     scenario: str, reason: str, retryable: bool, retry_after: float | None
@@ -209,10 +210,10 @@ def test_error_after_pi_gave_up_retrying_is_classified(
 
 
 def test_failed_attempt_then_successful_retry_completes() -> None:
-    failed = stdout_lines(HARNESS, "429")[:10]  # session … agent_end, auto_retry_start
+    failed = stdout_lines(HARNESS, "http-429")[:10]  # session … agent_end, auto_retry_start
     assert json.loads(failed[-1])["type"] == "auto_retry_start"
-    ok = [line for line in stdout_lines(HARNESS, "text")[1:]]
-    events, _ = replay(adapter, request_for("429"), failed + ok, ExitInfo(exit_code=0))
+    ok = [line for line in stdout_lines(HARNESS, "ref-text")[1:]]
+    events, _ = replay(adapter, request_for("http-429"), failed + ok, ExitInfo(exit_code=0))
     assert isinstance(events[-1], TurnComplete)
     assert events[-1].text == "Hello from the fake model."
     assert len(by_type(events, "session")) == 1
@@ -239,7 +240,7 @@ def test_tools_map_to_activity_kinds(
 
 
 def test_failed_tool_call_is_marked_failed() -> None:
-    lines = [json.loads(line) for line in stdout_lines(HARNESS, "tool")]
+    lines = [json.loads(line) for line in stdout_lines(HARNESS, "ref-tool")]
     end = next(m for m in lines if m["type"] == "tool_execution_end")
     end.update(isError=True, result={"content": [{"type": "text", "text": "Tool bash not found"}]})
     start = next(m for m in lines if m["type"] == "tool_execution_start")
@@ -249,7 +250,7 @@ def test_failed_tool_call_is_marked_failed() -> None:
 
 
 def test_exit_without_agent_end_still_announces_the_session_before_the_error() -> None:
-    lines = stdout_lines(HARNESS, "text")[:3]  # header, agent_start, turn_start
+    lines = stdout_lines(HARNESS, "ref-text")[:3]  # header, agent_start, turn_start
     events, _ = replay(adapter, request_for("x"), lines, ExitInfo(exit_code=143))
     assert [e.type for e in events] == ["turn-started", "session", "session-error"]
     assert events[1].model is None
