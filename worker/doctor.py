@@ -28,7 +28,10 @@ import adapters
 from config import Settings, load_settings
 from worker.policy import memory_bytes
 
-_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+# The password of a URL's user part runs to the last "@" before the path: "p@ss" unencoded
+# is masked whole. Redis also takes a password in the query string.
+_URL_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)[^/?#\s]*@")
+_QUERY_PASSWORD = re.compile(r"([?&;](?:password|passwd|pwd)=)[^&#;\s]*", re.IGNORECASE)
 _URL_HOST = re.compile(r"^[a-z0-9+]+://(?:[^@/]*@)?\[?([^\]/:?]*)")
 
 #: npm package of each vendor harness in docker/clis/package.json, and its binary.
@@ -65,7 +68,7 @@ fi
 
 def mask_url(url: str) -> str:
     """A URL with its password replaced, safe to print."""
-    return _URL_PASSWORD.sub(r"\1***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
 
 
 @dataclass
