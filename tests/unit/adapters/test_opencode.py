@@ -185,12 +185,10 @@ def test_cost_is_null_for_a_model_described_by_base_url() -> None:
 
 
 def test_cost_sums_the_steps_that_opencode_priced() -> None:
-    lines = [
-        line.replace(b'"cost":0}', b'"cost":0.25}') for line in stdout_lines(HARNESS, "ref-tool")
-    ]
-    events, _ = replay(adapter, request_for("ref-tool"), lines, ExitInfo(exit_code=0))
-    assert [u.cost_usd for u in by_type(events, "usage")] == [0.25, 0.25]
-    assert events[-1].cost_usd == 0.5
+    events, _ = run("priced")
+    # 100 fresh input tokens at $3/M plus 30 output tokens at $15/M, per step.
+    assert [u.cost_usd for u in by_type(events, "usage")] == [0.00075, 0.00075]
+    assert events[-1].cost_usd == pytest.approx(0.0015)
 
 
 def test_resumed_is_true_only_when_the_offered_session_continues() -> None:
