@@ -129,8 +129,12 @@ def build_command(request: TurnRequest) -> Command:
         path = f"{request.home}/.pi/harness-system-prompt.md"
         files[path] = request.system_prompt
         argv += ["--append-system-prompt", path]
-    argv += ["--tools", ",".join(tools_for(request))] if tools_for(request) else ["--no-tools"]
-    env = {"PI_OFFLINE": "1"}  # no update checks or other start-up network calls
+    tools = tools_for(request)
+    argv += ["--tools", ",".join(tools)] if tools else ["--no-tools"]
+    env = {
+        "PI_OFFLINE": "1",  # no update checks or other start-up network calls
+        "PI_CODING_AGENT_DIR": f"{request.home}/.pi/agent",  # models.json, sessions
+    }
     return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
 
 

@@ -290,7 +290,7 @@ def test_first_turn_runs_json_print_mode_with_the_input_on_stdin() -> None:
     assert command.stdin == b"hello"
     assert command.cwd == "/w"
     assert "--session" not in command.argv
-    assert command.env == {"PI_OFFLINE": "1"}
+    assert command.env == {"PI_OFFLINE": "1", "PI_CODING_AGENT_DIR": "/w/.home/.pi/agent"}
 
 
 def test_resumed_turn_passes_the_session_id() -> None:
