@@ -30,6 +30,9 @@ _MEMORY = re.compile(r"^([0-9]+)([bkmg]?)$")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 MIN_MEMORY_BYTES = 6 << 20
 """Docker refuses a container memory limit below 6 MiB."""
+RESERVED_PREFIX = "HARNESS_"
+"""Never granted, whatever HARNESS_GRANTS says: the worker's settings (its Redis and broker
+URLs with their passwords) and the variables the worker sets for a turn."""
 MIN_CPUS = 0.01
 """Docker's smallest CPU limit."""
 
@@ -102,6 +105,8 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
 
     allowed_grants = settings.grants.get(harness, ())
     for name in options.grants:
+        if name.startswith(RESERVED_PREFIX):
+            raise InvalidInput(f"grant {name!r} is reserved: HARNESS_ variables are the worker's")
         if not _allowed(name, allowed_grants):
             raise InvalidInput(
                 f"grant {name!r} is not allowed for {harness} (operator policy HARNESS_GRANTS)"
@@ -160,7 +165,7 @@ def resolve_secrets(options: RunOptions, settings: Settings) -> dict[str, str]:
     allowed = settings.grants.get(options.harness, ())
     values: dict[str, str] = {}
     for name in options.grants:
-        if not _allowed(name, allowed):
+        if name.startswith(RESERVED_PREFIX) or not _allowed(name, allowed):
             raise InvalidInput(f"grant {name!r} is not allowed for {options.harness}")
         value = os.environ.get(name)
         if value is None:

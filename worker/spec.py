@@ -14,12 +14,15 @@ from worker.errors import InvalidInput
 RUN_ID = re.compile(r"^r[0-9a-f]{24}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # A Docker image reference: [registry[:port]/]name[:tag][@digest], lower-case path components.
+# Patterns are applied with fullmatch: "$" alone would accept a trailing newline.
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 IMAGE_REF = re.compile(
-    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
+    rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
     r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
     r"(?:@sha256:[a-f0-9]{64})?$"
 )
-SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+SESSION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")
+"""Vendor session ids travel as argv values (``--resume ID``): never with a leading "-"."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # for one-line fields: newlines and tabs too
 
 
@@ -35,7 +38,7 @@ def new_run_id() -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidInput(f"invalid run id {shown(run_id)}: expected 'r' and 24 hex digits")
     return run_id
 
@@ -83,15 +86,18 @@ class RunOptions(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_name(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or _CONTROL.search(value)):
-            raise ValueError("must be a plain model name")
+        if value is not None and (
+            not value.strip() or _CONTROL.search(value) or value.startswith("-")
+        ):
+            raise ValueError("must be a plain model name (it becomes an argv value)")
         return value
 
     @field_validator("allow", "deny")
     @classmethod
     def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for pattern in value:
-            if not pattern or len(pattern) > 500 or _CONTROL.search(pattern):
+            # Patterns become argv values of variadic flags: a leading "-" would be a flag.
+            if not pattern or len(pattern) > 500 or _CONTROL.search(pattern) or pattern[0] == "-":
                 raise ValueError(f"invalid tool pattern {shown(pattern)}")
         return value
 
@@ -99,7 +105,7 @@ class RunOptions(BaseModel):
     @classmethod
     def _grant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for name in value:
-            if not ENV_NAME.match(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(
                     f"invalid grant name {shown(name)}: use an environment variable name"
                 )
@@ -108,21 +114,21 @@ class RunOptions(BaseModel):
     @field_validator("image")
     @classmethod
     def _image_ref(cls, value: str | None) -> str | None:
-        if value is not None and (len(value) > 255 or not IMAGE_REF.match(value)):
+        if value is not None and (len(value) > 255 or not IMAGE_REF.fullmatch(value)):
             raise ValueError(f"invalid image reference {shown(value)}")
         return value
 
     @field_validator("resume_session")
     @classmethod
     def _session_id(cls, value: str | None) -> str | None:
-        if value is not None and not SESSION_ID.match(value):
+        if value is not None and not SESSION_ID.fullmatch(value):
             raise ValueError(f"invalid vendor session id {shown(value)}")
         return value
 
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^\s/?#]+[^\s]*$", value):
+        if value is not None and not re.fullmatch(r"^https?://[^\s/?#]+[^\s]*$", value):
             raise ValueError(f"invalid base URL {shown(value)}: expected http(s)://host[/path]")
         return value
 
@@ -146,7 +152,7 @@ class TurnPayload(BaseModel):
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, value: str) -> str:
-        if not RUN_ID.match(value):
+        if not RUN_ID.fullmatch(value):
             raise ValueError("invalid run id")
         return value
 
