@@ -526,3 +526,27 @@ def _importable(harness: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def capability_table() -> str:
+    """The capability table of docs/adapters.md, from the adapters themselves (Markdown)."""
+    caps = {h: adapters.capabilities(h) for h in adapters.HARNESS_IDS if _importable(h)}
+    names = list(next(iter(caps.values())))
+    lines = [
+        "| capability | " + " | ".join(f"`{h}`" for h in caps) + " |",
+        "|---|" + "---|" * len(caps),
+    ]
+    for name in names:
+        cells = [
+            "yes" if v is True else "no" if v is False else str(v)
+            for v in (caps[h][name] for h in caps)
+        ]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--capabilities"]:
+        sys.stdout.write(capability_table())
+    else:
+        sys.exit(run_doctor(json_output="--json" in sys.argv[1:]))

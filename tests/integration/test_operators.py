@@ -587,3 +587,23 @@ def test_worker_dockerfile_installs_the_package_and_starts_a_worker() -> None:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), source
+
+
+def test_capability_table_in_the_docs_matches_the_adapters() -> None:
+    text = (ROOT / "docs" / "adapters.md").read_text()
+    documented = text.split("<!-- capabilities:begin -->\n")[1].split("<!-- capabilities:end -->")[
+        0
+    ]
+    assert documented == doctor.capability_table(), (
+        "docs/adapters.md is out of date: paste `python -m worker.doctor --capabilities` "
+        "between its capabilities markers"
+    )
+
+
+def test_docs_link_only_to_files_that_exist() -> None:
+    for page in ("operations.md", "adapters.md", "events.md"):
+        text = (ROOT / "docs" / page).read_text()
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+            if target.startswith("http") or target in ("security.md", "performance.md"):
+                continue  # written by others, linked ahead of them
+            assert (ROOT / "docs" / target).resolve().exists(), f"{page} links to {target}"
