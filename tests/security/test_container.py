@@ -11,6 +11,7 @@ inside: each attempt must fail, and each turn must still end with exactly one te
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,18 @@ from worker.client import HarnessClient, StreamEvent
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.docker, pytest.mark.slow]
 
 WORKER_PRIVATE = "worker-private-value-0123456789"
+SHELLISH = ("harness-demo;touch /workspace/pwned", "$(touch /workspace/pwned)")
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, redis_url: str, demo_image: str) -> Iterator[Env]:
-    e = make_env(tmp_path_factory.mktemp("container"), redis_url, **docker_vars())
+    # The operator allows two executables with shell syntax in them: they must reach no shell.
+    allowed = ",".join(["harness-demo", *SHELLISH])
+    e = make_env(
+        tmp_path_factory.mktemp("container"),
+        redis_url,
+        **docker_vars(HARNESS_ALLOWED_EXECUTABLES=allowed),
+    )
     yield e
     for client in e.clients:
         client.close()
@@ -367,3 +375,41 @@ def test_reused_container_is_still_the_one_that_was_audited(
     assert hardening_problems(info, root) == []
     assert info["State"]["Running"] is True
     assert layer_changes(watcher, info["Id"]) == []
+
+
+@pytest.mark.parametrize("executable", SHELLISH)
+def test_executable_with_shell_syntax_reaches_no_shell(
+    client: HarnessClient, env: Env, executable: str
+) -> None:
+    run_id = client.start_run("stdio-json", "hi", executable=executable)
+    terminal = client.wait(run_id, 1, timeout=120)
+    assert assert_one_terminal(turn_events(client, run_id, 1)) == terminal
+    assert terminal.type == "session-error"
+    assert terminal.data["reason"] == "sandbox" and "not found" in terminal.data["error"]
+    workspace = Path(env.vars["HARNESS_WORKSPACE_ROOT"]) / "docker" / "run" / run_id
+    assert workspace.is_dir() and not (workspace / "pwned").exists()
+    client.end(run_id)
+
+
+def test_container_labels_carry_only_checked_names(
+    client: HarnessClient, watcher: ContainerAudit, env: Env, demo_image: str
+) -> None:
+    run_id = client.start_run("stdio-json", "hi", executable="harness-demo", workspace="sec-ws_1.a")
+    assert client.wait(run_id, 1, timeout=120).type == "turn-complete"
+    labels = dict(container_of(watcher, run_id)["Config"]["Labels"])
+    image_labels = watcher.client.api.inspect_image(demo_image)["Config"].get("Labels") or {}
+    ours = {k: v for k, v in labels.items() if k not in image_labels}
+    assert set(ours) == {
+        "harness.managed",
+        "harness.run_id",
+        "harness.scope",
+        "harness.worker",
+        "harness.lease_until",
+        "harness.workspace_key",
+    }
+    assert ours["harness.run_id"] == run_id
+    assert ours["harness.workspace_key"] == "sec-ws_1.a"
+    assert ours["harness.scope"] == env.prefix
+    for value in ours.values():
+        assert re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", value), value
+    client.end(run_id)
