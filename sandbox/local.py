@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _READ_SIZE = 256 * 1024
+_READ_AHEAD = 4 * 1024 * 1024
+"""Output read but not yet taken by ``read()``, at most (plus one read). Past it the pumps
+stop reading, the pipe fills and the harness blocks in its writes: a harness that writes
+faster than its output is published waits for it instead of filling the worker's memory."""
 _EOF = object()
 META_FILE = ".harness-run.json"
 
@@ -65,6 +69,10 @@ class LocalProcess:
         self._queue: queue.Queue[object] = queue.Queue()
         self._open_streams = 2
         self._killed = False
+        self._queued_bytes = 0
+        self._unbounded = False
+        """Set by kill(): nobody reads after it, so the pumps must never wait for room."""
+        self._room = threading.Condition()
         self._threads = [
             threading.Thread(target=self._pump, args=(popen.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._pump, args=(popen.stderr, "stderr"), daemon=True),
@@ -100,12 +108,29 @@ class LocalProcess:
                 self._open_streams -= 1
                 continue
             assert isinstance(item, Chunk)
+            self._taken(item)
             return item
         try:
             item = self._queue.get_nowait()
         except queue.Empty:
             return None
-        return item if isinstance(item, Chunk) else None
+        if isinstance(item, Chunk):
+            self._taken(item)
+            return item
+        return None
+
+    def _taken(self, chunk: Chunk) -> None:
+        with self._room:
+            self._queued_bytes -= len(chunk.data)
+            self._room.notify_all()
+
+    def _put(self, chunk: Chunk) -> None:
+        """Queue a chunk once the read-ahead has room for it (always, after kill())."""
+        with self._room:
+            while self._queued_bytes >= _READ_AHEAD and not self._unbounded:
+                self._room.wait()
+            self._queued_bytes += len(chunk.data)
+        self._queue.put(chunk)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -114,6 +139,9 @@ class LocalProcess:
             return None
 
     def kill(self, grace: float = 1.0) -> None:
+        with self._room:
+            self._unbounded = True
+            self._room.notify_all()
         if self._killed:
             return
         pgid = self._popen.pid  # the child leads its own group (start_new_session)
@@ -153,7 +181,7 @@ class LocalProcess:
                 data = os.read(fd, _READ_SIZE)
                 if not data:
                     break
-                self._queue.put(Chunk(name, data))  # type: ignore[arg-type]
+                self._put(Chunk(name, data))  # type: ignore[arg-type]
         except OSError:
             pass
         finally:
