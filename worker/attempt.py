@@ -8,6 +8,7 @@ and worker shutdown are checked here, independently of the Celery pool type.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,8 +19,14 @@ from adapters.stream import StreamDriver
 from sandbox.base import Process
 from worker.publisher import RedisStreamPublisher
 
+log = logging.getLogger(__name__)
+
 STDERR_KEEP = 8192
 POLL_S = 0.2
+EXIT_AFTER_EOF_S = 0.5
+"""Once the harness closed its stdout and stderr it is exiting: how long to let it finish
+before it is killed. Without this wait, a process caught between closing its pipes and
+being reaped was SIGTERMed (and the group scan and kill cost up to ~50 ms per turn)."""
 
 
 @dataclass
@@ -121,7 +128,8 @@ def drive(
                 if len(stderr) > STDERR_KEEP:
                     del stderr[: len(stderr) - STDERR_KEEP]
     finally:
-        exit_code = process.wait(0)
+        ending = stop is None and process.eof
+        exit_code = process.wait(min(EXIT_AFTER_EOF_S, limits.exit_grace_s) if ending else 0)
         if exit_code is None:
             process.kill(grace=limits.kill_grace_s)
             exit_code = process.wait(limits.kill_grace_s + 5)
@@ -133,8 +141,33 @@ def drive(
     else:
         events = driver.finish(ExitInfo(exit_code, tail))
     out.send([e for e in events if not e.terminal])
+    _log_counters(driver, out.publisher)
     terminal = driver.terminal
     assert terminal is not None  # finish() and fail() always leave one
     if isinstance(terminal, TurnComplete | SessionError) and terminal.exit_code is None:
         terminal = terminal.model_copy(update={"exit_code": exit_code})
     return Outcome(terminal, exit_code, tail)
+
+
+def _log_counters(driver: StreamDriver, publisher: RedisStreamPublisher) -> None:
+    """Lines the stream rules skipped or dropped are counted data: say how many, once per
+    attempt (a warning when output was lost: an oversized line, a mapper error)."""
+    counters = driver.counters
+    if not (
+        counters.oversized
+        or counters.non_json
+        or counters.mapper_errors
+        or counters.dropped_after_terminal
+    ):
+        return
+    lost = counters.oversized or counters.mapper_errors
+    log.log(
+        logging.WARNING if lost else logging.INFO,
+        "stream.lines_dropped",
+        extra={
+            "stream": publisher.key,
+            "stream_turn": publisher.turn,
+            "counters": counters.as_dict(),
+            "last_mapper_error": driver.last_mapper_error,
+        },
+    )

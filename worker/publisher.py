@@ -82,6 +82,11 @@ class RedisStreamPublisher:
         self.retries = 0
 
     @property
+    def key(self) -> str:
+        """The run's stream."""
+        return self._key
+
+    @property
     def pending(self) -> int:
         return len(self._pending)
 
