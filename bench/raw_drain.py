@@ -1,0 +1,62 @@
+"""``python -m bench.raw_drain``: the raw big-output baseline, in a process of its own so that
+its memory can be read. Runs the harness (a bare subprocess, or a bare exec in a running
+container), reads its stdout to the end in 256 KiB reads, counting bytes and newlines and
+keeping nothing, and prints JSON: bytes, lines, wall seconds, resident set before and peak.
+
+    python -m bench.raw_drain INPUT [--container ID] -- ARGV...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from bench.relay import docker_output, local_output
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("input")
+    parser.add_argument("--container")
+    parser.add_argument("argv", nargs="+")
+    args = parser.parse_args()
+    stdin = args.input.encode()
+    if args.container:
+        import bench.docker_raw  # noqa: F401 -- imported before the memory is measured
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status("VmRSS")
+    started = time.perf_counter()
+    chunks = (
+        docker_output(args.container, args.argv, stdin)
+        if args.container
+        else local_output(args.argv, stdin)
+    )
+    size = lines = 0
+    for chunk in chunks:
+        size += len(chunk)
+        lines += chunk.count(b"\n")
+    wall = time.perf_counter() - started
+    print(
+        json.dumps(
+            {
+                "bytes": size,
+                "lines": lines,
+                "wall_s": wall,
+                "rss_before": before,
+                "rss_peak": _status("VmHWM"),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

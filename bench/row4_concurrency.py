@@ -1,0 +1,120 @@
+"""Row 4: concurrency. One worker process runs N concurrent turns of a harness that sleeps
+S seconds: wall time from the first submit to the last terminal event seen, against the S
+ideal, and the worker's resident memory per in-flight turn (its peak during the burst minus
+its resident set just before, over N). The runs and their sandboxes exist beforehand (a
+no-op first turn each), so this is the steady state of a busy worker. Raw baseline: N bare
+harness processes (or execs) started at once by one Python process with a thread each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from bench.context import NOOP, Bench
+from bench.stats import mib
+from bench.table import Figure, RowResult
+from bench.worker import ROOT
+
+TARGET_WALL_RATIO = 1.25
+TARGET_MIB_PER_TURN = 5.0
+
+
+def _wait_all(bench: Bench, keys: dict[str, int], timeout_s: float) -> dict[str, tuple[float, str]]:
+    """XREAD BLOCK over every stream until each has its turn's terminal event:
+    key -> (perf_counter when seen, terminal type)."""
+    cursors = {
+        key: "0-0" if turn == 1 else f"{turn - 1}-18446744073709551615"
+        for key, turn in keys.items()
+    }
+    done: dict[str, tuple[float, str]] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(done) < len(keys):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(keys) - len(done)} of {len(keys)} turns did not end")
+        pending = {k: c for k, c in cursors.items() if k not in done}
+        reply = bench.redis.xread(pending, count=1000, block=1000)
+        now = time.perf_counter()
+        for key, entries in reply or []:
+            for entry_id, fields in entries:
+                cursors[key] = entry_id
+                if (
+                    fields["type"] in ("turn-complete", "session-error")
+                    and int(entry_id.split("-")[0]) == keys[key]
+                ):
+                    done[key] = (now, fields["type"])
+    return done
+
+
+def _raw(
+    bench: Bench, backend: str, n: int, script: str, containers: list[str]
+) -> dict[str, float]:
+    argv = [sys.executable, "-m", "bench.raw_concurrent", script, str(n)]
+    if backend == "docker":
+        argv += ["--containers", ",".join(containers), "--", "harness-demo"]
+    else:
+        argv += ["--", bench.executable("local")]
+    out = subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    return json.loads(out.stdout)
+
+
+def run(bench: Bench) -> RowResult:
+    n, sleep_s = bench.sizes.concurrent_turns, bench.sizes.concurrent_sleep_s
+    result = RowResult("4", f"concurrency ({n} turns of a {sleep_s:g} s harness, one worker)")
+    worker = bench.worker
+    script = f"@sleep {sleep_s}"
+    for backend in bench.backends:
+        runs = [bench.start_run(backend, NOOP) for _ in range(n)]
+        keys = {bench.stream(run_id): 1 for run_id in runs}
+        _wait_all(bench, keys, timeout_s=60 + 5 * n)
+        containers = (
+            [bench.client.status(r)["container_id"] for r in runs] if backend == "docker" else []
+        )
+        time.sleep(0.5)
+        idle = worker.rss_bytes()
+        threads_idle = worker.threads()
+        worker.reset_peak()
+        started = time.perf_counter()
+        for run_id in runs:
+            bench.client.submit_turn(run_id, script)
+        submitted = time.perf_counter() - started
+        keys = {bench.stream(run_id): 2 for run_id in runs}
+        done = _wait_all(bench, keys, timeout_s=120 + sleep_s * 4)
+        wall = max(at for at, _ in done.values()) - started
+        peak = worker.peak_rss_bytes()
+        per_turn = mib(peak - idle) / n
+        try:
+            raw = _raw(bench, backend, n, script, containers)
+        finally:
+            for run_id in runs:
+                bench.end_run(run_id)
+        raw_per_turn = mib(raw["rss_peak"] - raw["rss_before"]) / n
+        completed = sum(1 for _, kind in done.values() if kind == "turn-complete")
+        result.checks[f"{backend}: all {n} turns ended with turn-complete"] = completed == n
+        ratio = wall / sleep_s
+        result.add(
+            Figure(
+                f"{backend}: wall of {n} turns vs {sleep_s:g} s ideal",
+                wall,
+                sleep_s,
+                "s",
+                target=f"<= {TARGET_WALL_RATIO:g}x ideal",
+                met=ratio <= TARGET_WALL_RATIO,
+            ),
+            Figure(f"{backend}:   wall of {n} bare harnesses at once", raw["wall_s"], sleep_s, "s"),
+            Figure(f"{backend}:   of which submitting {n} turns", submitted, None, "s"),
+            Figure(
+                f"{backend}: worker RSS per in-flight turn vs bare thread + process",
+                per_turn,
+                raw_per_turn,
+                "MiB",
+                target=f"<= {TARGET_MIB_PER_TURN:g} MiB",
+                met=per_turn <= TARGET_MIB_PER_TURN,
+            ),
+            Figure(f"{backend}:   worker RSS idle -> peak", mib(peak), mib(idle), "MiB"),
+        )
+        result.notes.append(f"{backend}: worker threads before the burst: {threads_idle}")
+    if bench.docker_skip:
+        result.notes.append(f"docker lines skipped: {bench.docker_skip}")
+    return result

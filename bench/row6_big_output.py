@@ -1,0 +1,144 @@
+"""Row 6: big output. A 100 MB single line, and a 1 GB stream of 1 KiB lines, through a worker
+of its own (a fresh process, stream trimmed at 10,000 entries so Redis does not hold the
+gigabyte). The worker's resident set may grow by at most BOUND_MIB over its idle size: the
+line limit (HARNESS_MAX_LINE_BYTES, 8 MiB) held once while a line is assembled and once
+joined, plus the output read ahead of the stream rules. The oversized line must become a
+counted drop (the worker's ``stream.lines_dropped`` record), the turn must complete, and
+every line of the big stream must be published. Raw baseline: a bare process draining the
+same output (256 KiB reads, nothing kept)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+from bench.consume import read_turn, wait_terminal, wait_terminal_quietly
+from bench.context import NOOP, Bench
+from bench.stats import mib
+from bench.table import Figure, RowResult
+from bench.worker import ROOT, WorkerProcess
+
+BOUND_MIB = 64.0
+MAXLEN = 10_000
+
+
+def _drain(bench: Bench, backend: str, script: str, container: str | None) -> dict[str, float]:
+    argv = [sys.executable, "-m", "bench.raw_drain", script]
+    if container:
+        argv += ["--container", container, "harness-demo"]
+    else:
+        argv += ["--", bench.executable("local")]
+    out = subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=1800)
+    return json.loads(out.stdout)
+
+
+def _turn(
+    bench: Bench, worker: WorkerProcess, run_id: str, script: str
+) -> tuple[int, float, float, int]:
+    """Run one turn: (turn, seconds, growth of the worker's peak RSS over idle in MiB, idle)."""
+    time.sleep(0.3)
+    idle = worker.rss_bytes()
+    worker.reset_peak()
+    started = time.perf_counter()
+    turn = bench.client.submit_turn(run_id, script)
+    seen = wait_terminal_quietly(bench.redis, bench.stream(run_id), turn, timeout_s=3600)
+    return turn, seen - started, mib(worker.peak_rss_bytes() - idle), idle
+
+
+def _dropped(worker: WorkerProcess, key: str, turn: int) -> dict[str, int]:
+    for record in worker.stream_records():
+        if (
+            record.get("message") == "stream.lines_dropped"
+            and record.get("stream") == key
+            and record.get("stream_turn") == turn
+        ):
+            counters: dict[str, int] = record.get("counters", {})
+            return counters
+    return {}
+
+
+def run(bench: Bench) -> RowResult:
+    sizes = bench.sizes
+    big, total, line = sizes.bigline_bytes, sizes.bigstream_bytes, sizes.bigstream_line_bytes
+    result = RowResult("6", f"big output ({big / 1e6:g} MB line, {total / 1e6:g} MB of lines)")
+    worker = bench.use_worker(HARNESS_STREAM_MAXLEN=str(MAXLEN))
+    try:
+        for backend in bench.backends:
+            run_id = bench.start_run(backend, NOOP)
+            key = bench.stream(run_id)
+            wait_terminal(bench.redis, key, 1, timeout_s=120)
+            container = bench.client.status(run_id)["container_id"] if backend == "docker" else None
+            try:
+                # The oversized line.
+                script = f"@bigline {big}"
+                turn, seconds, growth, idle = _turn(bench, worker, run_id, script)
+                entries = read_turn(bench.redis, key, turn)
+                types = [fields["type"] for _, fields in entries]
+                counters = _dropped(worker, key, turn)
+                result.checks[f"{backend}: the {big / 1e6:g} MB line counted as oversized"] = (
+                    counters.get("oversized") == 1
+                )
+                result.checks[f"{backend}: its turn completed, nothing of the line published"] = (
+                    types == ["turn-started", "session", "turn-complete"]
+                )
+                drain = _drain(bench, backend, script, container)
+                result.add(
+                    Figure(
+                        f"{backend}: {big / 1e6:g} MB line: worker peak RSS growth vs bare drain",
+                        growth,
+                        mib(drain["rss_peak"] - drain["rss_before"]),
+                        "MiB",
+                        target=f"<= {BOUND_MIB:g} MiB",
+                        met=growth <= BOUND_MIB,
+                    ),
+                    Figure(
+                        f"{backend}:   its turn, seconds vs bare drain",
+                        seconds,
+                        drain["wall_s"],
+                        "s",
+                    ),
+                )
+                # The big stream of small lines.
+                script = f"@fill {total} {line}"
+                turn, seconds, growth, _ = _turn(bench, worker, run_id, script)
+                expected = math.ceil(total / line)
+                last = bench.redis.xrevrange(key, count=2)
+                (last_id, last_fields), (_, before_fields) = last[0], last[1]
+                last_text = json.loads(before_fields["data"]).get("text", "")
+                complete = (
+                    last_id == f"{turn}-{expected + 2}"
+                    and last_fields["type"] == "turn-complete"
+                    and last_text.startswith(f"{expected - 1:010d} ")
+                )
+                result.checks[f"{backend}: all {expected:,} lines of the stream published"] = (
+                    complete
+                )
+                drain = _drain(bench, backend, script, container)
+                result.add(
+                    Figure(
+                        f"{backend}: {total / 1e6:g} MB of {line} B lines: worker peak RSS growth"
+                        " vs bare drain",
+                        growth,
+                        mib(drain["rss_peak"] - drain["rss_before"]),
+                        "MiB",
+                        target=f"<= {BOUND_MIB:g} MiB",
+                        met=growth <= BOUND_MIB,
+                    ),
+                    Figure(
+                        f"{backend}:   its throughput vs bare drain",
+                        total / 1e6 / seconds,
+                        drain["bytes"] / 1e6 / drain["wall_s"],
+                        "MB/s",
+                    ),
+                )
+                result.notes.append(f"{backend}: worker idle RSS {mib(idle):.1f} MiB")
+            finally:
+                bench.end_run(run_id)
+    finally:
+        bench.stop_worker()
+    if bench.docker_skip:
+        result.notes.append(f"docker lines skipped: {bench.docker_skip}")
+    return result
