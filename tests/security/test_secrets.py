@@ -16,6 +16,7 @@ import json
 import secrets
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ PRINTS = "\n".join(
         sh("echo token:$DEMO_TOKEN; echo token:$DEMO_TOKEN >&2"),
         sh(f"echo stderr:$DEMO_TOKEN > {TO_STDERR}"),
         "@env HARNESS_RUN_TOKEN",
-        sh("echo $HARNESS_RUN_TOKEN > /workspace/run-token.txt"),
+        sh("echo $HARNESS_RUN_TOKEN > /workspace/run-token"),
         "@text checkpoint",
         "@sleep 3",
         "@complete done",
@@ -126,42 +127,37 @@ def docker_views(audit: ContainerAudit) -> dict[str, str]:
     return views
 
 
-@pytest.mark.parametrize(
-    ("script", "ends"),
-    [
-        pytest.param(PRINTS, "turn-complete", id="harness-prints-it"),
-        pytest.param(
-            FAILS_WITH_IT,
-            "session-error",
-            id="harness-fails-with-it",
-            marks=pytest.mark.xfail(strict=True, reason=RECORD_BUG),
-        ),
-        pytest.param(
-            ANSWERS_WITH_IT,
-            "turn-complete",
-            id="harness-answers-with-it",
-            marks=pytest.mark.xfail(strict=True, reason=RECORD_BUG),
-        ),
-    ],
-)
-def test_granted_value_reaches_only_the_harness(
-    docker_env: Env,
+@dataclass
+class SecretRun:
+    secret: str
+    private: str
+    run_id: str
+    stream: str
+    run_token: str | None
+    places: dict[str, str]
+    """Everywhere the secret must not be, but the run's record and transcript."""
+    record: dict[str, str]
+    """The run's record and transcript, and the Redis commands that wrote them."""
+
+
+def secret_run(
+    env: Env,
     audit: ContainerAudit,
     monitor: Path,
     monkeypatch: pytest.MonkeyPatch,
     script: str,
     ends: str,
-) -> None:
+) -> SecretRun:
+    """One granted turn of ``script`` in Docker, and every place the secret could be."""
     secret = "sk-grant-" + secrets.token_hex(16)  # fresh per test: dumps hold older runs too
     private = "sk-private-" + secrets.token_hex(16)
     monkeypatch.setenv("DEMO_TOKEN", secret)  # the producer has it too: it must not send it
     worker = start_scoped_worker(
-        docker_env,
-        loglevel="debug",
-        extra_env={"DEMO_TOKEN": secret, "WORKER_PRIVATE": private},
+        env, loglevel="debug", extra_env={"DEMO_TOKEN": secret, "WORKER_PRIVATE": private}
     )
+    run_token = None
     try:
-        client = docker_env.client()
+        client = env.client()
         run_id = client.start_run(
             "stdio-json", script, executable="harness-demo", grants=["DEMO_TOKEN"]
         )
@@ -176,18 +172,9 @@ def test_granted_value_reaches_only_the_harness(
         events = turn_events(client, run_id, 1)
         assert assert_one_terminal(events) == terminal
         assert terminal.type == ends, terminal.data
-        stream = texts(events)
-        if script == PRINTS:
-            # The value reached the harness, and everything it printed is masked.
-            assert "DEMO_TOKEN=[masked]" in stream
-            assert stream.count("token:[masked]") >= 2
-            assert "WORKER_PRIVATE=<unset>" in stream
-            assert "HARNESS_REDIS_URL=<unset>" in stream
-            # The per-run credential is a secret too: the harness left it in its workspace.
-            assert "HARNESS_RUN_TOKEN=[masked]" in stream
-            workspace = Path(docker_env.vars["HARNESS_WORKSPACE_ROOT"]) / "docker" / "run"
-            run_token = (workspace / run_id / "run-token.txt").read_text().strip()
-            assert len(run_token) >= 32
+        token_file = Path(env.vars["HARNESS_WORKSPACE_ROOT"]) / "docker/run" / run_id / "run-token"
+        if token_file.exists():
+            run_token = token_file.read_text().strip()
         client.end(run_id)
     finally:
         worker.stop()
@@ -195,19 +182,75 @@ def test_granted_value_reaches_only_the_harness(
     assert "turn.finished" in log  # the log covers the run
     traffic = monitor.read_text(errors="replace")
     assert run_id in traffic and "LPUSH" in traffic.upper()  # the capture saw the task message
-
+    keys = env.keys
+    record_keys = {keys.run(run_id), keys.transcript(run_id)}
+    writes = [
+        line
+        for line in traffic.splitlines()
+        if any(f'"{key}"' in line for key in record_keys)
+        and any(f'"{command}"' in line.upper() for command in ("HSET", "RPUSH"))
+    ]
+    dump = dump_redis(env.vars["HARNESS_REDIS_URL"])
     places = {
         **live,
         "worker log": log,
-        "redis traffic (MONITOR)": traffic,
-        **{
-            f"redis key {k}": v for k, v in dump_redis(docker_env.vars["HARNESS_REDIS_URL"]).items()
-        },
+        "redis traffic (MONITOR)": "\n".join(
+            line for line in traffic.splitlines() if line not in writes
+        ),
+        **{f"redis key {k}": v for k, v in dump.items() if k not in record_keys},
     }
-    assert find_leaks(secret, places) == []
+    record = {
+        "record writes (MONITOR)": "\n".join(writes),
+        **{f"redis key {k}": v for k, v in dump.items() if k in record_keys},
+    }
+    return SecretRun(secret, private, run_id, texts(events), run_token, places, record)
+
+
+SCRIPTS = [
+    pytest.param(PRINTS, "turn-complete", id="harness-prints-it"),
+    pytest.param(FAILS_WITH_IT, "session-error", id="harness-fails-with-it"),
+    pytest.param(ANSWERS_WITH_IT, "turn-complete", id="harness-answers-with-it"),
+]
+
+
+@pytest.mark.parametrize(("script", "ends"), SCRIPTS)
+def test_granted_value_reaches_only_the_harness(
+    docker_env: Env,
+    audit: ContainerAudit,
+    monitor: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    script: str,
+    ends: str,
+) -> None:
+    run = secret_run(docker_env, audit, monitor, monkeypatch, script, ends)
     if script == PRINTS:
-        assert find_leaks(run_token, places) == []
-    assert find_leaks(private, {**places, "stream": stream}) == []
+        # The value reached the harness, and everything it printed is masked.
+        assert "DEMO_TOKEN=[masked]" in run.stream
+        assert run.stream.count("token:[masked]") >= 2
+        assert "WORKER_PRIVATE=<unset>" in run.stream
+        assert "HARNESS_REDIS_URL=<unset>" in run.stream
+        # The per-run credential is a secret too: the harness left it in its workspace.
+        assert "HARNESS_RUN_TOKEN=[masked]" in run.stream
+        assert run.run_token and len(run.run_token) >= 32
+        assert find_leaks(run.run_token, {**run.places, **run.record}) == []
+    else:
+        assert "[masked]" in run.stream  # the value was in the harness's last words
+    assert find_leaks(run.secret, run.places) == []
+    assert find_leaks(run.private, {**run.places, **run.record, "stream": run.stream}) == []
+
+
+@pytest.mark.xfail(strict=True, reason=RECORD_BUG)
+@pytest.mark.parametrize(("script", "ends"), SCRIPTS[1:])
+def test_run_record_and_transcript_keep_no_granted_value(
+    docker_env: Env,
+    audit: ContainerAudit,
+    monitor: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    script: str,
+    ends: str,
+) -> None:
+    run = secret_run(docker_env, audit, monitor, monkeypatch, script, ends)
+    assert run.record and find_leaks(run.secret, run.record) == []
 
 
 def test_container_processes_see_only_the_turns_environment(
