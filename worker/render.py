@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.spinner import Spinner
 from rich.table import Table
@@ -393,6 +393,7 @@ class _SpinnerSlot:
         self._label = "thinking"
         self._since = time.monotonic()
         self._turn: TurnView | None = None
+        self._spinner = Spinner("dots", style="cyan")  # one object: it keeps the frame clock
         atexit.register(self.stop)
 
     def waiting(self, label: str, turn: TurnView | None) -> None:
@@ -430,7 +431,7 @@ class _SpinnerSlot:
         if live is not None:
             live.stop()
 
-    def render(self) -> Group:
+    def render(self) -> Spinner:
         turn = self._turn
         label = Text(f"{self._label}…", style="cyan")
         label.append(f" {format_duration(time.monotonic() - self._since)}", style="dim")
@@ -438,7 +439,8 @@ class _SpinnerSlot:
             label.append(
                 f" · {format_tokens(turn.input_tokens + turn.output_tokens)} tokens", style="dim"
             )
-        return Group(Spinner("dots", text=label, style="cyan"))
+        self._spinner.update(text=label)
+        return self._spinner
 
 
 class _Status:
@@ -447,5 +449,5 @@ class _Status:
     def __init__(self, slot: _SpinnerSlot) -> None:
         self._slot = slot
 
-    def __rich__(self) -> Group:
+    def __rich__(self) -> Spinner:
         return self._slot.render()

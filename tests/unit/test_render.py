@@ -196,6 +196,8 @@ def test_spinner_runs_while_waiting_and_is_gone_after_the_terminal_event(
     time.sleep(0.4)
     assert r._spinner is not None and r._spinner._live is not None
     assert "thinking…" in ANSI.sub("", out.getvalue())
+    frames = set(re.findall("[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]", out.getvalue()))
+    assert len(frames) > 1  # it spins, not just sits there
     for event in events[3:]:
         r.event(event)
     assert r._spinner._live is None and r._spinner._timer is None
