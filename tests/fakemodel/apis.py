@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tests.fakemodel.scenarios import (
     RETRY_AFTER_S,
@@ -742,5 +742,32 @@ def sample_json(schema: Any) -> Any:
     return "fake"
 
 
-APIS = {"anthropic": Anthropic(), "responses": Responses(), "chat": Chat(), "gemini": Gemini()}
-__all__ = ["APIS", "Answer", "ErrorReply", "sample_json", "shell_arguments", "sse"]
+class Api(Protocol):
+    name: str
+
+    def conversation(self, body: dict[str, Any]) -> Conversation: ...
+
+    def stream(self, answer: Answer) -> Iterator[bytes]: ...
+
+    def complete(self, answer: Answer) -> dict[str, Any]: ...
+
+    def error(self, scenario: str) -> ErrorReply: ...
+
+
+APIS: dict[str, Api] = {
+    "anthropic": Anthropic(),
+    "responses": Responses(),
+    "chat": Chat(),
+    "gemini": Gemini(),
+}
+__all__ = [
+    "APIS",
+    "Answer",
+    "Api",
+    "Chat",
+    "ErrorReply",
+    "Gemini",
+    "sample_json",
+    "shell_arguments",
+    "sse",
+]

@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.fakemodel.apis import APIS, Answer, sse
+from tests.fakemodel.apis import APIS, Answer, Chat, Gemini, sse
 from tests.fakemodel.scenarios import (
     DEFAULT_SLOW_DELAY_S,
     SCENARIOS,
@@ -258,16 +258,15 @@ class _Handler(BaseHTTPRequestHandler):
                 schema = config.get("responseJsonSchema") or config.get("responseSchema")
                 if config.get("responseMimeType") == "application/json" and schema is None:
                     schema = {}
-                payload = APIS["gemini"].complete(answer, schema)  # type: ignore[attr-defined]
+                assert isinstance(handler, Gemini)
+                payload = handler.complete(answer, schema)
             else:
                 payload = handler.complete(answer)
             self._json(200, payload)
             return
-        if api == "chat":
+        if isinstance(handler, Chat):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            frames: Iterator[bytes] = APIS["chat"].stream(  # type: ignore[attr-defined]
-                answer, include_usage=include_usage
-            )
+            frames: Iterator[bytes] = handler.stream(answer, include_usage=include_usage)
         else:
             frames = handler.stream(answer)
         delay = choice.delay_s if choice.scenario == "slow" else 0.0
