@@ -498,7 +498,8 @@ def close_lost_turn(
     )
     publisher.publish(events)
     publisher.drain(REDIS_PATIENCE_S)
-    metrics.turn_failed(harness, "worker-lost")
+    if harness:  # without one (the task's internal-error path) execute_turn counted the turn
+        metrics.turn_failed(harness, "worker-lost")
     log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
     return "worker-lost"
 
