@@ -32,7 +32,7 @@ from worker.policy import memory_bytes
 # is masked whole. Redis also takes a password in the query string.
 _URL_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)[^/?#\s]*@")
 _QUERY_PASSWORD = re.compile(r"([?&;](?:password|passwd|pwd)=)[^&#;\s]*", re.IGNORECASE)
-_URL_HOST = re.compile(r"^[a-z0-9+]+://(?:[^@/]*@)?\[?([^\]/:?]*)")
+_URL_HOST = re.compile(r"^[a-z0-9+]+://(?:[^/]*@)?\[?([^\]/:?]*)")
 
 #: npm package of each vendor harness in docker/clis/package.json, and its binary.
 CLI_PACKAGES: dict[str, tuple[str, str]] = {
