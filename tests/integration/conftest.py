@@ -63,6 +63,7 @@ def make_env(tmp: Path, redis_url: str, **extra: str) -> Env:
         "HARNESS_ALLOWED_EXECUTABLES": "*",
         "HARNESS_ALLOWED_NETWORKS": "none,bridge,host",
         "HARNESS_CONCURRENCY": "8",
+        "HARNESS_METRICS_PORT": "0",  # many test workers on one machine; metrics tests pick a port
     }
     values.update(extra)
     return Env(values, tmp)
