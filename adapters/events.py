@@ -45,6 +45,21 @@ RETRYABLE_BY_DEFAULT: dict[str, bool] = {
 }
 
 
+def utf8_safe(text: str) -> str:
+    """``text`` with lone surrogates replaced, so that it can be encoded as UTF-8.
+
+    A harness line may carry an escaped lone surrogate ("\\ud800"): valid JSON, but no UTF-8
+    exists for it, and Redis would refuse the whole batch.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -57,7 +72,7 @@ class _Event(BaseModel):
         return self.model_dump(mode="json", exclude={"type"})
 
     def data_json(self) -> str:
-        return json.dumps(self.data(), ensure_ascii=False, separators=(",", ":"))
+        return utf8_safe(json.dumps(self.data(), ensure_ascii=False, separators=(",", ":")))
 
 
 class TurnStarted(_Event):

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     container_user: str = Field("1000:1000", pattern=r"^[0-9]{1,10}(:[0-9]{1,10})?$")
     read_only_root: bool = True
     memory: str = Field("2g", pattern=r"^[0-9]+[bkmg]?$")
-    cpus: float = Field(2.0, gt=0, le=256)
+    cpus: float = Field(2.0, ge=0.01, le=256)  # below 0.01, Docker reads 0 CPUs as unlimited
     pids: int = Field(512, gt=0, le=1_000_000)
     docker_url: str | None = None
     """Docker daemon to use (default: DOCKER_HOST or the local socket)."""

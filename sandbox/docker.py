@@ -703,6 +703,7 @@ class DockerSandbox:
             "memswap_limit": spec.limits.memory,
             "nano_cpus": int(spec.limits.cpus * 1e9),
             "network_mode": spec.network,
+            "cgroupns": "private",
             "mounts": [Mount(target=WORKSPACE, source=str(workspace), type="bind")],
         }
         if spec.read_only_root:
@@ -744,8 +745,12 @@ class DockerSandbox:
             workspace = self.root / "run" / safe_name(spec.run_id, "run id")
         home = workspace / ".home"
         created = not workspace.exists()
-        fresh_home = not home.exists()
         try:
+            # The harness controls everything inside the workspace: a .home it replaced with
+            # a symlink (or a file) must never lead this root-run worker to a host path.
+            if home.is_symlink() or (home.exists() and not home.is_dir()):
+                home.unlink()
+            fresh_home = not home.exists()
             home.mkdir(parents=True, exist_ok=True)
             for path in (workspace, home):
                 self._own(path, uid, gid)
@@ -758,11 +763,11 @@ class DockerSandbox:
 
     @staticmethod
     def _own(path: Path, uid: int, gid: int) -> None:
-        stat = path.stat()
+        stat = path.lstat()
         if (stat.st_uid, stat.st_gid) == (uid, gid):
             return
         try:
-            os.chown(path, uid, gid)
+            os.chown(path, uid, gid, follow_symlinks=False)
         except PermissionError:
             # A worker that is neither root nor the container's uid cannot hand the directory
             # over; opening it up is the only way the container user can write to it.

@@ -44,7 +44,7 @@ META_FILE = ".harness-run.json"
 
 def safe_name(value: str, what: str) -> str:
     """Refuse anything that could leave its directory or confuse a path."""
-    if not _SAFE_NAME.match(value) or ".." in value:
+    if not _SAFE_NAME.fullmatch(value) or ".." in value:
         raise SandboxError(f"invalid {what} {value!r}: use letters, digits, '_', '.', '-'")
     return value
 

@@ -191,7 +191,11 @@ def _follow(client: Any, renderer: Renderer, run_id: str, turn: int) -> int:
         if event.terminal and event.turn == turn:
             terminal = event
     renderer.summary(client.status(run_id), terminal)
-    return 0 if terminal is not None and terminal.type == "turn-complete" else 1
+    if terminal is not None and terminal.type == "turn-complete":
+        return 0
+    if terminal is not None and terminal.data.get("reason") == "invalid-input":
+        return 2  # refused by the worker's policy: the same answer as a refusal up front
+    return 1
 
 
 if __name__ == "__main__":

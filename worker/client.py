@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from config import Settings, load_settings
 from worker import hosts
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
-from worker.errors import HarnessError, RunNotFound, Unavailable
+from worker.errors import HarnessError, InvalidInput, RunNotFound, Unavailable
 from worker.keys import Keys, SyncRedis
 from worker.lifecycle import fail_stranded_turn
 from worker.policy import check_input, resolve
@@ -30,6 +31,7 @@ from worker.records import IN_FLIGHT, RunStore
 from worker.runtime import redis_client
 from worker.spec import TurnPayload, check_run_id, new_run_id, parse_options
 
+_ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -110,8 +112,12 @@ class HarnessClient:
         workspace. Refused with InvalidInput (nothing created) when invalid or beyond policy.
         """
         for name in ("allow", "deny", "grants"):
-            if name in options and options[name] is not None:
-                options[name] = tuple(options[name])
+            value = options.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise InvalidInput(f"invalid request: {name}: expected a list of strings")
+            options[name] = tuple(value)
         run_options = parse_options(
             harness=harness, **{k: v for k, v in options.items() if v is not None}
         )
@@ -176,6 +182,8 @@ class HarnessClient:
         the terminal event of turn ``until_terminal_of``.
         """
         check_run_id(run_id)
+        if after is not None and not _ENTRY_ID.fullmatch(after):
+            raise InvalidInput(f"invalid event id {after[:80]!r}: expected TURN-SEQ, like 3-0")
         if not self.redis.exists(self.keys.run(run_id)) and not self.redis.exists(
             self.keys.events(run_id)
         ):

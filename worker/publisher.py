@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from adapters.events import Event
+from adapters.events import Event, utf8_safe
 from worker import metrics
 from worker.keys import Keys, SyncRedis
 
@@ -87,6 +87,10 @@ class RedisStreamPublisher:
         return self._key
 
     @property
+    def masker(self) -> Masker:
+        return self._masker
+
+    @property
     def pending(self) -> int:
         return len(self._pending)
 
@@ -96,7 +100,7 @@ class RedisStreamPublisher:
         masker = self._masker if self._masker else None
         pending, turn, seq = self._pending, self.turn, self.seq
         for event in events:
-            data = _ENCODER.encode(event.data())  # what event.data_json() returns
+            data = utf8_safe(_ENCODER.encode(event.data()))  # what event.data_json() returns
             if masker is not None:
                 data = masker.mask(data)
             pending.append((f"{turn}-{seq}", event.type, data, ts))

@@ -431,13 +431,18 @@ def _close(
         fields["last_error"] = ""
     elif isinstance(terminal, SessionError):
         fields["last_error"] = f"{terminal.reason}: {terminal.error}"
+    # Everything the harness said may carry a granted value it printed: mask what Redis keeps.
+    mask = out.publisher.masker.mask
+    fields = {k: mask(v) if isinstance(v, str) else v for k, v in fields.items()}
     _retry_redis(
         lambda: deps.store.finish_turn(
             run_id, turn, status=run_status, usage=out.usage.as_tuple(), fields=fields
         )
     )
     if final_text is not None:
-        _retry_redis(lambda: deps.store.append_transcript(run_id, turn, payload.input, final_text))
+        # The transcript is replayed into a fresh session later: keep granted values out of it.
+        said, answered = mask(payload.input), mask(final_text)
+        _retry_redis(lambda: deps.store.append_transcript(run_id, turn, said, answered))
     out.send([terminal])
     if not out.publisher.drain(REDIS_PATIENCE_S):
         log.error(

@@ -334,14 +334,6 @@ def test_memory_hog_is_killed_at_the_memory_limit(
     client.end(run_id)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: sandbox/docker.py DockerSandbox._make_workspace/_own follow a symlink the harness "
-        "put at /workspace/.home and chown its host target to the container user on the next "
-        "prepare (every turn)"
-    ),
-)
 def test_home_symlink_does_not_make_the_worker_chown_host_paths(
     client: HarnessClient, env: Env
 ) -> None:

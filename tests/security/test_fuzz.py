@@ -275,13 +275,6 @@ def test_cli_ten_mebibyte_arguments_are_refused_or_taken_whole(
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: HarnessClient.events passes `after` to XRANGE/XREAD unchecked; a malformed id "
-        "raises redis.ResponseError (a traceback from `harness events --after`)"
-    ),
-)
 def test_cli_events_after_garbage_is_refused_with_exit_2(fuzz_env: str) -> None:
     client = HarnessClient()
     try:
@@ -372,14 +365,6 @@ def test_client_start_run_accepts_or_raises_invalid_input(
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason=(
-        "bug: HarnessClient.start_run calls tuple() on allow/deny/grants unchecked: a number "
-        "raises TypeError (not InvalidInput) and a string is split into one-letter items"
-    ),
-)
 def test_client_start_run_refuses_a_list_option_that_is_not_a_list(
     fuzz_client: HarnessClient,
 ) -> None:

@@ -75,11 +75,6 @@ ANSWERS_WITH_IT = "\n".join(
     ]
 )
 
-RECORD_BUG = (
-    "bug: worker/turn.py _close() writes the terminal's error (last_error), the final answer "
-    "(transcript) and session/model fields to Redis unmasked; only stream events are masked"
-)
-
 
 @pytest.fixture
 def monitor(docker_env: Env) -> Iterator[Path]:
@@ -239,7 +234,6 @@ def test_granted_value_reaches_only_the_harness(
     assert find_leaks(run.private, {**run.places, **run.record, "stream": run.stream}) == []
 
 
-@pytest.mark.xfail(strict=True, reason=RECORD_BUG)
 @pytest.mark.parametrize(("script", "ends"), SCRIPTS[1:])
 def test_run_record_and_transcript_keep_no_granted_value(
     docker_env: Env,

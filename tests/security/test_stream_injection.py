@@ -89,14 +89,6 @@ def test_harness_strings_that_look_like_protocol_lines_are_text(
     assert texts == [f"a\n{FORGED}\n", "\x00\x1b[2J\u2028\r" + FORGED]  # exact, as text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: a harness line with an escaped lone surrogate (\\ud800) becomes a str Redis "
-        "cannot encode; the publisher raises UnicodeEncodeError and the turn ends as "
-        "worker-lost 'internal error' instead of publishing the text (adapters/stream.py:184)"
-    ),
-)
 def test_harness_line_with_a_lone_surrogate_escape_is_text(env: Env, worker: WorkerProcess) -> None:
     client = env.client()
     lines = [b'{"type":"text","text":"a\\ud800b"}', b'{"type":"complete","text":"done"}']
