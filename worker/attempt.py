@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 STDERR_KEEP = 8192
 POLL_S = 0.2
+BATCH_BYTES = 256 * 1024
+"""Output already waiting is fed and published together up to about this much."""
 EXIT_AFTER_EOF_S = 0.5
 """Once the harness closed its stdout and stderr it is exiting: how long to let it finish
 before it is killed. Without this wait, a process caught between closing its pipes and
@@ -120,13 +122,23 @@ def drive(
             if chunk is None:
                 continue
             last_output = time.monotonic()
-            if chunk.stream == "stdout":
-                events = driver.feed(chunk.data)
+            # Take whatever else has already arrived (never waiting for more) and publish it
+            # as one batch: a Docker exec delivers output in frames of a few KiB, and one
+            # round trip per frame cost more than the events in it.
+            stdout: list[bytes] = []
+            size = 0
+            while chunk is not None:
+                if chunk.stream == "stdout":
+                    stdout.append(chunk.data)
+                    size += len(chunk.data)
+                else:
+                    stderr += chunk.data
+                    if len(stderr) > STDERR_KEEP:
+                        del stderr[: len(stderr) - STDERR_KEEP]
+                chunk = process.read(0) if size < BATCH_BYTES else None
+            if stdout:
+                events = driver.feed(stdout[0] if len(stdout) == 1 else b"".join(stdout))
                 out.send([e for e in events if not e.terminal])
-            else:
-                stderr += chunk.data
-                if len(stderr) > STDERR_KEEP:
-                    del stderr[: len(stderr) - STDERR_KEEP]
     finally:
         ending = stop is None and process.eof
         exit_code = process.wait(min(EXIT_AFTER_EOF_S, limits.exit_grace_s) if ending else 0)
