@@ -26,6 +26,7 @@ class Sizes:
     overhead_turns: int
     overhead_warmup: int
     flood_events: int
+    flood_repeats: int
     stamp_lines: int
     stamp_interval_s: float
     concurrent_turns: int
@@ -41,6 +42,7 @@ PROFILES: dict[str, Sizes] = {
         overhead_turns=50,
         overhead_warmup=5,
         flood_events=200_000,
+        flood_repeats=3,
         stamp_lines=500,
         stamp_interval_s=0.005,
         concurrent_turns=64,
@@ -54,6 +56,7 @@ PROFILES: dict[str, Sizes] = {
         overhead_turns=20,
         overhead_warmup=3,
         flood_events=50_000,
+        flood_repeats=2,
         stamp_lines=200,
         stamp_interval_s=0.005,
         concurrent_turns=64,
@@ -67,6 +70,7 @@ PROFILES: dict[str, Sizes] = {
         overhead_turns=3,
         overhead_warmup=1,
         flood_events=2_000,
+        flood_repeats=1,
         stamp_lines=20,
         stamp_interval_s=0.005,
         concurrent_turns=4,

@@ -189,6 +189,11 @@ class WorkerProcess:
             return False
         return True
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the worker process has used (all its threads)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def threads(self) -> int:
         return _status_kib(self.pid, "Threads")
 
