@@ -59,10 +59,59 @@ def measure(bench: Bench, backend: str) -> dict[str, list[float]]:
             out["dispatch"].append(first.ts - wall)
             out["turn"].append(terminal.ts - first.ts)
             out["deliver"].append(terminal.at - terminal.ts)
+        if backend == "docker":
+            out.update(docker_split(bench, run_id, max(3, sizes.overhead_turns // 2)))
     finally:
         if raw is not None:
             raw.close()
         bench.end_run(run_id)
+    return out
+
+
+WRAPPER_LIKE = 'pipes=$(readlink "/proc/$$/fd/1" "/proc/$$/fd/2"); exec "$@"'
+"""What the Docker sandbox's exec wrapper costs beyond a bare exec: a shell, and a fork for
+readlink (the pipe identities its kill script needs)."""
+
+
+def docker_split(bench: Bench, run_id: str, turns: int) -> dict[str, list[float]]:
+    """The Docker sandbox's share of a turn, measured in this process on the run's container
+    with the same calls the worker makes, next to a bare exec and a bare exec through a
+    wrapper-like shell."""
+    from bench.docker_raw import RawDocker
+    from sandbox.base import ExecSpec, RunSpec
+    from sandbox.docker import DockerSandbox
+
+    sandbox = DockerSandbox(bench.tmp / "split", scope=bench.env.scope)
+    spec = RunSpec(run_id=run_id, image="harness-worker/demo:1", network="none")
+    raw = RawDocker()
+    out: dict[str, list[float]] = {
+        k: [] for k in ("prepare", "start", "output", "exit", "bare", "bare_sh")
+    }
+    try:
+        for _ in range(turns):
+            t0 = time.perf_counter()
+            placement = sandbox.prepare(spec)
+            t1 = time.perf_counter()
+            process = sandbox.start(
+                placement, ExecSpec(argv=("harness-demo",), stdin=NOOP.encode()), {}
+            )
+            t2 = time.perf_counter()
+            while not process.eof:
+                process.read(0.2)
+            t3 = time.perf_counter()
+            process.wait(0.5)
+            t4 = time.perf_counter()
+            container = placement.container_id or ""
+            bare = raw.timed_exec(container, ["harness-demo"], NOOP.encode())
+            bare_sh = raw.timed_exec(
+                container, ["/bin/sh", "-c", WRAPPER_LIKE, "sh", "harness-demo"], NOOP.encode()
+            )
+            for name, value in zip(
+                out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, bare, bare_sh), strict=True
+            ):
+                out[name].append(value)
+    finally:
+        raw.close()
     return out
 
 
@@ -106,6 +155,23 @@ def run(bench: Bench) -> RowResult:
                 f"{backend}:   terminal published -> seen p50", p50(m["deliver"]) * 1000, None, "ms"
             ),
         )
+        if backend == "docker":
+            ms = {k: p50(v) * 1000 for k, v in m.items()}
+            result.add(
+                Figure("docker:   in the sandbox: prepare (existing container) p50",
+                       ms["prepare"], None, "ms"),
+                Figure("docker:   in the sandbox: start (exec, wrapper, sentinel) p50",
+                       ms["start"], None, "ms"),
+                Figure("docker:   in the sandbox: output to its end p50", ms["output"], None,
+                       "ms"),
+                Figure("docker:   in the sandbox: exit code (exec inspect) p50", ms["exit"],
+                       None, "ms"),
+                Figure("docker:   in the sandbox: all of it vs bare exec p50",
+                       ms["prepare"] + ms["start"] + ms["output"] + ms["exit"], ms["bare"],
+                       "ms"),
+                Figure("docker:   bare exec through sh + readlink vs bare exec p50",
+                       ms["bare_sh"], ms["bare"], "ms"),
+            )  # fmt: skip
         result.checks[f"{backend}: every no-op turn ended with turn-complete"] = (
             len(ours) == bench.sizes.overhead_turns
         )
