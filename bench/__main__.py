@@ -46,7 +46,10 @@ def run_rows(bench: Bench, rows: list[str], *, progress: bool = True) -> list[Ro
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[2])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Issue 8's benchmarks: our figures against raw baselines, in one table.",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="smaller sizes (same as --profile quick)"
     )
@@ -57,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         help="sizes: full (issue 8's), quick, smoke (tiny: the tests' sizes)",
     )
     parser.add_argument("--only", default="", help="rows to run, e.g. 1 or 2,3 (default: all)")
-    parser.add_argument("--sandbox", choices=("docker", "local", "both"), default="both")
+    parser.add_argument(
+        "--sandbox", choices=("docker", "local", "both"), default="both", help="default: both"
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args(argv)
