@@ -1,10 +1,10 @@
 """``python -m bench._worker ARGS``: ``celery -A worker.app worker ARGS`` for a benchmark.
 
-Two additions, both outside the code under test: the Docker sandbox gets the scope in
+Three additions, all outside the code under test: the Docker sandbox gets the scope in
 ``BENCH_DOCKER_SCOPE`` (the settings have no scope yet, and the default one is shared by
 every deployment on the daemon, whose startup reapers would remove each other's
-containers), and log records named ``stream.*`` are appended to ``BENCH_RECORDS`` as JSON
-with their fields (the default formatter prints only the message).
+containers); log records named ``stream.*`` are appended to ``BENCH_RECORDS`` as JSON with
+their fields; and the worker stops once the process in ``BENCH_PARENT_PID`` is gone.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,22 @@ def _scope_docker(scope: str) -> None:
     runtime.make_sandbox = make_sandbox
 
 
+def _die_with_parent(parent: int) -> None:
+    """A benchmark killed abruptly (Ctrl-C twice, a closed pipe) must not leave its worker
+    behind: stop (warm shutdown) once the process that started this one is gone."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="bench-parent-watch", daemon=True).start()
+
+
 def main() -> None:
+    parent = os.environ.get("BENCH_PARENT_PID")
+    if parent:
+        _die_with_parent(int(parent))
     scope = os.environ.get("BENCH_DOCKER_SCOPE")
     if scope:
         _scope_docker(scope)

@@ -233,6 +233,7 @@ def start_worker(env: BenchEnv, *, log_level: str = "info", **overrides: str) ->
         "PYTHONUNBUFFERED": "1",
         "BENCH_DOCKER_SCOPE": env.scope,
         "BENCH_RECORDS": str(records),
+        "BENCH_PARENT_PID": str(os.getpid()),
     }
     settings = env.settings(**{k.removeprefix("HARNESS_").lower(): v for k, v in overrides.items()})
     r = env.redis()
