@@ -58,6 +58,7 @@ class Harness:
     """How the e2e suite runs one vendor CLI against the fake model server."""
 
     id: str
+    binary: str
     model: str
     key: str
     """The API-key variable granted to the turn (the worker holds a fake value)."""
@@ -83,16 +84,17 @@ HARNESSES: dict[str, Harness] = {
         # answering model report the requested one.
         Harness(
             "claude-code",
+            "claude",
             "claude-sonnet-4-5",
             "ANTHROPIC_API_KEY",
             "",
             "claude-sonnet-4-5",
             extra_grants=("CLAUDE_CODE_MAX_RETRIES",),
         ),
-        Harness("codex", "gpt-5.5", "OPENAI_API_KEY", "/v1", None),
-        Harness("gemini", "gemini-2.5-flash", "GEMINI_API_KEY", "", "gemini-2.5-flash"),
-        Harness("opencode", "fake-model", "OPENAI_API_KEY", "/v1", None),
-        Harness("pi", "fake-model", "OPENAI_API_KEY", "/v1", "fake-model"),
+        Harness("codex", "codex", "gpt-5.5", "OPENAI_API_KEY", "/v1", None),
+        Harness("gemini", "gemini", "gemini-2.5-flash", "GEMINI_API_KEY", "", "gemini-2.5-flash"),
+        Harness("opencode", "opencode", "fake-model", "OPENAI_API_KEY", "/v1", None),
+        Harness("pi", "pi", "fake-model", "OPENAI_API_KEY", "/v1", "fake-model"),
     )
 }
 
@@ -279,21 +281,19 @@ class Deployment:
         return self.worker.logs()[-4000:]
 
 
-def _build_lock() -> Any:
-    """Serialize scripts/build-images across xdist workers (a rebuild must run once)."""
-    handle = open("/tmp/harness-e2e-build-images.lock", "w")  # noqa: SIM115 - held until closed
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """Serializes scripts/build-images across pytest processes (a rebuild must run once)."""
+    with open("/tmp/harness-e2e-build-images.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
 def clis_image_e2e() -> str:
     require_docker()
-    lock = _build_lock()
-    try:
+    with build_lock():
         return ensure_images(["clis"])["clis"]
-    finally:
-        lock.close()
 
 
 @pytest.fixture(scope="session")

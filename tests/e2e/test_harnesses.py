@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from typing import Any
 
@@ -45,6 +46,8 @@ REPLAY_HEADER = "[The previous session could not be resumed. The conversation so
 TOOL_COMMAND = "touch e2e-tool-ran && id -u"
 #: A container at rest: docker's init and the container's command.
 AT_REST = ("/sbin/docker-init", "sleep infinity")
+HOME = "/workspace/.home"
+"""A run's HOME in its container, where each CLI keeps its sessions."""
 
 
 # --------------------------------------------------------------------------- checks
@@ -105,6 +108,14 @@ def check_session(
     return str(session["session_id"])
 
 
+def check_system_prompt(calls: list[RecordedRequest], system: str) -> None:
+    """The system prompt reached the model's system slot, not the user's messages."""
+    assert calls
+    for call in calls:
+        assert system in call.system_text(), call.system_text()[:2000]
+        assert all(system not in text for text in call.user_texts())
+
+
 def processes(container: Any) -> list[tuple[str, str]]:
     """(uid, command line) of every process in the container but its init and command."""
     top = container.top(ps_args="-eo pid,uid,args")  # docker needs the pid column
@@ -135,12 +146,12 @@ def test_model_error_ends_the_turn_with_one_classified_session_error(
 def test_turn_then_resumed_turn_in_the_same_container(e2e: Deployment, harness: Harness) -> None:
     word = nonce()
     system = f"SYSTEM-MARKER-{word}: answer briefly."
-    # Slow streaming (1 s between chunks) leaves a follower in another process time to see
+    # Slow streaming (2 s between chunks) leaves a follower in another process time to see
     # the turn while it runs.
     run = e2e.popen(
         "run",
         harness.id,
-        f"remember the word {word} [scenario:slow] [delay:1]",
+        f"remember the word {word} [scenario:slow] [delay:2]",
         *harness.args(e2e.base_url()),
         "--system-prompt",
         system,
@@ -168,9 +179,7 @@ def test_turn_then_resumed_turn_in_the_same_container(e2e: Deployment, harness: 
     assert [json.loads(line) for _, line in seen] == events
     assert seen[0][0] < events[-1]["ts"], "the follower saw nothing before the turn ended"
 
-    # The system prompt reached the model's system slot, not the user's message.
-    assert calls and all(system.split(":")[0] in r.system_text() for r in calls)
-    assert all(system.split(":")[0] not in t for r in calls for t in r.user_texts())
+    check_system_prompt(calls, system)
 
     record = e2e.client.status(first.run_id)
     assert record["status"] == "idle" and record["turns"] == 1
@@ -190,12 +199,20 @@ def test_turn_then_resumed_turn_in_the_same_container(e2e: Deployment, harness: 
     later = agent_calls(e2e.requests(word))[len(calls) :]
     assert later, "turn 2 made no model call"
     check_usage(second, len(later))
-    # The model saw turn 1 again: the resumed vendor session carried the conversation.
+    # The model saw turn 1 again: the resumed vendor session carried the conversation (and
+    # the run's system prompt, still in its place).
     assert any(word in t for t in later[-1].user_texts())
     assert TEXT_ANSWER in later[-1].assistant_texts()
+    check_system_prompt(later, system)
     assert e2e.client.status(first.run_id)["container_id"] == container.id
     container.reload()
     assert container.status == "running"
+    # The session id is the CLI's own: its session store in the run's HOME names it.
+    code, found = container.exec_run(["grep", "-rlF", "--", session_id, HOME])
+    assert code == 0 and found.strip(), f"{session_id} is in no file under {HOME}"
+    # Nothing was installed at run time: the only node_modules is the image's (a symlink).
+    code, installed = container.exec_run(["find", HOME, "-name", "node_modules", "!", "-type", "l"])
+    assert (code, installed) == (0, b"")
 
 
 @ALL
@@ -212,7 +229,8 @@ def test_tool_call_runs_the_command_inside_the_container(
     calls = agent_calls(e2e.requests(word))
     assert len(calls) == 2, [r.user_texts() for r in calls]  # the call, then the answer
     results = calls[-1].conversation.tool_results()  # type: ignore[union-attr]
-    assert results and "1000" in results[-1]  # run as the container's user, not root
+    # It ran as the container's user (1000; these tests run as root).
+    assert results and re.search(r"(?<![\w.])1000(?![\w.])", results[-1]), results
     check_usage(followed, 2)
     check_session(followed, harness, resumed=False)
     # The command's file is in the container's workspace, made by the container's user.
@@ -305,7 +323,9 @@ def test_cancel_mid_turn_stops_the_harness_inside_the_container(
             time.sleep(0.2)
         container = e2e.container(run_id)
         running = processes(container)
-        assert running and {uid for uid, _ in running} == {"1000"}, running
+        # The CLI (and whatever it started) runs in the container, as the non-root user.
+        assert any(harness.binary in args for _, args in running), running
+        assert {uid for uid, _ in running} == {"1000"}, running
         cancelled = e2e.cli("cancel", run_id, "--json")
         asked = time.monotonic()
         assert cancelled.returncode == 0 and '"cancelled": true' in cancelled.stdout
