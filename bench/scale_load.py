@@ -156,6 +156,7 @@ def start_cluster(
         "HARNESS_SANDBOX": "docker",
         "HARNESS_NETWORK": "none",
         "HARNESS_CONCURRENCY": str(concurrency),
+        "HARNESS_METRICS_PORT": "0",
         **(extra_env or {}),
     }
     cluster = Cluster(prefix, env, hosts, workdir=workdir)

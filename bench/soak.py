@@ -252,7 +252,7 @@ class Soak:
         self.problems.append(f"{run_id}/{turn}: never produced text")
 
     def _wait(self, client: HarnessClient, run_id: str, turn: int) -> dict[str, object]:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             try:
                 reap_soon = time.monotonic() + 8
@@ -264,7 +264,7 @@ class Soak:
                     self.cluster.reap()
             except Exception:  # noqa: BLE001 -- Redis restarting under another thread
                 time.sleep(0.5)
-        self.problems.append(f"{run_id}/{turn}: no terminal within 240 s")
+        self.problems.append(f"{run_id}/{turn}: no terminal within 150 s")
         return {}
 
     def check(

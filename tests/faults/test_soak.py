@@ -10,6 +10,7 @@ from tests.integration.docker_fixtures import ensure_images, require_docker
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.docker, pytest.mark.slow]
 
 
+@pytest.mark.timeout(900)
 def test_soak_with_random_faults_is_clean(redis_url: str) -> None:
     require_docker()
     ensure_images(["demo"])
