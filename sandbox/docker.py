@@ -46,7 +46,6 @@ import json
 import logging
 import os
 import posixpath
-import queue
 import shutil
 import socket
 import tarfile
@@ -76,6 +75,7 @@ from sandbox.base import (
     SandboxUnavailable,
     StartFailed,
 )
+from sandbox.chunks import ChunkQueue
 from sandbox.docker_stream import (
     STDOUT,
     ExecStreamError,
@@ -193,9 +193,6 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "[]*?\\" else c for c in text)
 
 
-_EOF = object()
-
-
 @dataclass(frozen=True)
 class _Started:
     """What the wrapper reported before exec'ing the harness, and output that came early."""
@@ -267,10 +264,9 @@ class DockerProcess:
         """The harness's pid inside the container."""
         self._pipes = started.pipes
         self._sock = sock
-        self._queue: queue.Queue[object] = queue.Queue()
+        self._chunks = ChunkQueue(streams=1)
         for chunk in started.pending:
-            self._queue.put(chunk)
-        self._open = True
+            self._chunks.put(chunk)
         self._stream_done = threading.Event()
         self._exit_code: int | None = None
         self._killed = False
@@ -286,24 +282,10 @@ class DockerProcess:
 
     @property
     def eof(self) -> bool:
-        return not self._open and self._queue.empty()
+        return self._chunks.eof
 
     def read(self, timeout: float) -> Chunk | None:
-        if not self._open:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return None
-            return item if isinstance(item, Chunk) else None
-        try:
-            item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
-        except queue.Empty:
-            return None
-        if item is _EOF:
-            self._open = False
-            return None
-        assert isinstance(item, Chunk)
-        return item
+        return self._chunks.get(timeout)
 
     def wait(self, timeout: float) -> int | None:
         """The exit code from the daemon once the exec ended.
@@ -331,6 +313,7 @@ class DockerProcess:
         turn's session or carrying the turn's marker (see ``_KILLER``). Idempotent; a
         container that is already gone has nothing left to kill.
         """
+        self._chunks.unbound()  # nobody reads after a kill: the reader must not wait for room
         with self._kill_lock:
             if self._killed:
                 return
@@ -377,11 +360,11 @@ class DockerProcess:
     def _pump(self, stream: Iterator[tuple[int, bytes]]) -> None:
         try:
             for kind, data in stream:
-                self._queue.put(Chunk("stdout" if kind == STDOUT else "stderr", data))
+                self._chunks.put(Chunk("stdout" if kind == STDOUT else "stderr", data))
         except OSError:
             pass  # the connection dropped: the container or the daemon went away
         finally:
-            self._queue.put(_EOF)
+            self._chunks.close_stream()
             self._stream_done.set()
             with suppress(OSError):
                 self._sock.close()

@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import re
 import shutil
 import signal
@@ -29,16 +28,15 @@ from sandbox.base import (
     SandboxError,
     StartFailed,
 )
+from sandbox.chunks import ChunkQueue
 
 log = logging.getLogger(__name__)
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _READ_SIZE = 256 * 1024
-_READ_AHEAD = 4 * 1024 * 1024
 """Output read but not yet taken by ``read()``, at most (plus one read). Past it the pumps
 stop reading, the pipe fills and the harness blocks in its writes: a harness that writes
 faster than its output is published waits for it instead of filling the worker's memory."""
-_EOF = object()
 META_FILE = ".harness-run.json"
 
 
@@ -66,13 +64,8 @@ class LocalProcess:
 
     def __init__(self, popen: subprocess.Popen[bytes], stdin: bytes | None) -> None:
         self._popen = popen
-        self._queue: queue.Queue[object] = queue.Queue()
-        self._open_streams = 2
+        self._chunks = ChunkQueue(streams=2)
         self._killed = False
-        self._queued_bytes = 0
-        self._unbounded = False
-        """Set by kill(): nobody reads after it, so the pumps must never wait for room."""
-        self._room = threading.Condition()
         self._threads = [
             threading.Thread(target=self._pump, args=(popen.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._pump, args=(popen.stderr, "stderr"), daemon=True),
@@ -90,47 +83,10 @@ class LocalProcess:
 
     @property
     def eof(self) -> bool:
-        return self._open_streams == 0 and self._queue.empty()
+        return self._chunks.eof
 
     def read(self, timeout: float) -> Chunk | None:
-        deadline = time.monotonic() + timeout
-        while self._open_streams:
-            remaining = deadline - time.monotonic()
-            try:
-                item = (
-                    self._queue.get(timeout=max(remaining, 0.0))
-                    if remaining > 0
-                    else (self._queue.get_nowait())
-                )
-            except queue.Empty:
-                return None
-            if item is _EOF:
-                self._open_streams -= 1
-                continue
-            assert isinstance(item, Chunk)
-            self._taken(item)
-            return item
-        try:
-            item = self._queue.get_nowait()
-        except queue.Empty:
-            return None
-        if isinstance(item, Chunk):
-            self._taken(item)
-            return item
-        return None
-
-    def _taken(self, chunk: Chunk) -> None:
-        with self._room:
-            self._queued_bytes -= len(chunk.data)
-            self._room.notify_all()
-
-    def _put(self, chunk: Chunk) -> None:
-        """Queue a chunk once the read-ahead has room for it (always, after kill())."""
-        with self._room:
-            while self._queued_bytes >= _READ_AHEAD and not self._unbounded:
-                self._room.wait()
-            self._queued_bytes += len(chunk.data)
-        self._queue.put(chunk)
+        return self._chunks.get(timeout)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -139,9 +95,7 @@ class LocalProcess:
             return None
 
     def kill(self, grace: float = 1.0) -> None:
-        with self._room:
-            self._unbounded = True
-            self._room.notify_all()
+        self._chunks.unbound()  # nobody reads after a kill: the pumps must not wait for room
         if self._killed:
             return
         pgid = self._popen.pid  # the child leads its own group (start_new_session)
@@ -181,11 +135,11 @@ class LocalProcess:
                 data = os.read(fd, _READ_SIZE)
                 if not data:
                     break
-                self._put(Chunk(name, data))  # type: ignore[arg-type]
+                self._chunks.put(Chunk(name, data))  # type: ignore[arg-type]
         except OSError:
             pass
         finally:
-            self._queue.put(_EOF)
+            self._chunks.close_stream()
 
     @staticmethod
     def _feed(stdin: object, data: bytes) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from adapters.events import Event, Session, SessionError, TurnComplete, Usage, session_error
 from adapters.protocol import ExitInfo
-from adapters.stream import StreamDriver
+from adapters.stream import DEFAULT_MAX_LINE_BYTES, StreamDriver
 from sandbox.base import Process
 from worker.publisher import RedisStreamPublisher
 
@@ -38,6 +38,7 @@ class Limits:
     idle_s: float
     exit_grace_s: float
     kill_grace_s: float
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 
 
 @dataclass

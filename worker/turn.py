@@ -224,7 +224,11 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
 
     deadline = time.monotonic() + resolved.timeout_s
     limits = attempt.Limits(
-        deadline, settings.idle_timeout_s, settings.exit_grace_s, settings.kill_grace_s
+        deadline,
+        settings.idle_timeout_s,
+        settings.exit_grace_s,
+        settings.kill_grace_s,
+        settings.max_line_bytes,
     )
     stop = _stop_check(deps, run_id, turn)
 
@@ -302,7 +306,7 @@ def _attempt(
     stop: Callable[[], SessionError | None],
     number: int,
 ) -> tuple[attempt.Outcome, StreamDriver]:
-    driver = StreamDriver(adapter, request, attempt=number)
+    driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
     head = driver.start()
     if number == 1:
         out.send(head)

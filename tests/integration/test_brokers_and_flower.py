@@ -98,3 +98,13 @@ def test_flower_shows_a_turn_task_by_name_and_state(env: Env, workers: list[Work
     finally:
         os.killpg(flower.pid, 15)
         flower.wait(10)
+
+
+def test_line_limit_setting_drops_longer_lines(env: Env, workers: list[WorkerProcess]) -> None:
+    workers.append(start_worker(env, HARNESS_MAX_LINE_BYTES="4096"))
+    client = env.client()
+    run_id = client.start_run("stdio-json", "@bigline 10000\n@text after", executable=DEMO)
+    terminal = client.wait(run_id, 1, timeout=30)
+    assert terminal.type == "turn-complete"
+    texts = [e.data["text"] for e in client.events(run_id) if e.type == "assistant-text"]
+    assert texts == ["after"]
