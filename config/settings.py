@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     docker_url: str | None = None
     """Docker daemon to use (default: DOCKER_HOST or the local socket)."""
     warm_pool: int = Field(0, ge=0, le=64)
+    """Started containers kept waiting per image (default network and limits), so that a new
+    run's first turn skips container create and start."""
 
     # Operator policy: what a producer may ask for ("*" allows anything)
     allowed_images: CommaList = ()

@@ -41,6 +41,7 @@ Every Docker SDK and ``requests`` error is translated here into the ``SandboxErr
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -54,7 +55,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -96,6 +97,10 @@ LABEL_LEASE = "harness.lease_until"
 LABEL_WORKER = "harness.worker"
 LABEL_SCOPE = "harness.scope"
 LABEL_HOME_SKELETON = "harness.home_skeleton"
+LABEL_POOL_SHAPE = "harness.pool_shape"
+POOL_PREFIX = "pool-"
+"""Run ids of warm containers not yet claimed by a run (real run ids never start so)."""
+POOL_TTL_S = 3600.0
 MARKER_ENV = "HARNESS_EXEC_ID"
 """Set in every turn's environment; the kill script finds the turn's processes by it."""
 
@@ -200,6 +205,21 @@ class _Started:
     pid: int
     pipes: tuple[str, ...]
     pending: list[Chunk]
+
+
+def _pool_shape(spec: RunSpec) -> str:
+    """What must match for a warm container to serve a run."""
+    limits = spec.limits
+    key = [
+        spec.image,
+        spec.network,
+        limits.memory,
+        limits.cpus,
+        limits.pids,
+        spec.user,
+        spec.read_only_root,
+    ]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
 def container_name(run_id: str) -> str:
@@ -390,6 +410,7 @@ class DockerSandbox:
         base_url: str | None = None,
         api_timeout: float = 60.0,
         scope: str = "default",
+        warm_pool: int = 0,
     ) -> None:
         self.root = Path(root)
         self.scope = safe_name(scope, "scope")
@@ -398,6 +419,9 @@ class DockerSandbox:
         reaper never removes another's."""
         self.base_url = base_url
         self.api_timeout = api_timeout
+        self.warm_pool = warm_pool
+        """How many started, unclaimed containers to keep per shape (image, network, limits,
+        user): a run's first turn claims one instead of creating and starting its own."""
         url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self._url = url
         tls = bool(os.environ.get("DOCKER_TLS_VERIFY")) and not base_url
@@ -429,12 +453,27 @@ class DockerSandbox:
         if not spec.image:
             raise SandboxError(f"run {spec.run_id} has no image: the docker backend needs one")
         uid, gid = _parse_user(spec.user)
-        client = self._client()
         with self._seam("find the run's container", run_id=spec.run_id):
             existing = self._find(name)
         if existing is not None:
             self._make_workspace(spec, uid, gid)
             return self._reuse(existing, spec)
+        claimed = self._claim(spec)
+        if claimed is not None:
+            self._make_workspace(spec, uid, gid)
+            self._refill_later(spec)
+            return claimed
+        placement = self._create(spec)
+        if self.warm_pool and not spec.workspace_key:
+            self._refill_later(spec)  # the pool was empty (or is new): fill it for the next run
+        return placement
+
+    def _create(self, spec: RunSpec) -> Placement:
+        """Create and start the run's container (and its workspace)."""
+        name = container_name(spec.run_id)
+        assert spec.image is not None
+        uid, gid = _parse_user(spec.user)
+        client = self._client()
         with self._seam("look up the run's image", image=spec.image):
             try:
                 image = client.images.get(spec.image)
@@ -565,7 +604,9 @@ class DockerSandbox:
                 self._seam("remove the run's container", run_id=run_id),
                 suppress(docker.errors.NotFound),
             ):
-                self._client().containers.get(name).remove(force=True)
+                container = self._client().containers.get(name)
+                (self._claims_dir() / container.id).unlink(missing_ok=True)
+                container.remove(force=True)
         except SandboxError as exc:
             log.warning(
                 "sandbox.teardown_failed",
@@ -631,6 +672,84 @@ class DockerSandbox:
                 return int(value)
         return 0
 
+    # -- the warm pool ---------------------------------------------------------------------
+
+    def warm(self, spec: RunSpec) -> int:
+        """Start containers of ``spec``'s shape until ``warm_pool`` wait unclaimed; returns how
+        many it started. ``spec.run_id`` is ignored."""
+        shape = _pool_shape(spec)
+        missing = self.warm_pool - len(self._pooled(shape))
+        for _ in range(max(missing, 0)):
+            labels = {
+                **spec.labels,
+                LABEL_POOL_SHAPE: shape,
+                LABEL_LEASE: f"{time.time() + POOL_TTL_S:.0f}",
+            }
+            pooled = replace(
+                spec, run_id=POOL_PREFIX + uuid.uuid4().hex[:16], workspace_key=None, labels=labels
+            )
+            self._create(pooled)
+        return max(missing, 0)
+
+    def _refill_later(self, spec: RunSpec) -> None:
+        def refill() -> None:
+            try:
+                self.warm(spec)
+            except SandboxError as exc:
+                log.warning("sandbox.pool_refill_failed", extra={"error": str(exc)})
+
+        threading.Thread(target=refill, name="pool-refill", daemon=True).start()
+
+    def _pooled(self, shape: str) -> list[dict[str, Any]]:
+        with self._seam("list the warm containers"):
+            summaries = self._client().api.containers(
+                filters={
+                    "label": [
+                        f"{LABEL_MANAGED}=true",
+                        f"{LABEL_SCOPE}={self.scope}",
+                        f"{LABEL_POOL_SHAPE}={shape}",
+                    ],
+                    "status": "running",
+                },
+            )
+        prefix = "/" + NAME_PREFIX + POOL_PREFIX
+        return [
+            s
+            for s in cast(list[dict[str, Any]], summaries)
+            if any(name.startswith(prefix) for name in s.get("Names") or [])
+        ]
+
+    def _claim(self, spec: RunSpec) -> Placement | None:
+        """Take a warm container of the run's shape, if one waits. Several workers may race
+        for the same one: moving its workspace directory is the atomic step that decides."""
+        if not self.warm_pool or spec.workspace_key:
+            return None
+        for summary in self._pooled(_pool_shape(spec)):
+            pool_run = (summary.get("Labels") or {}).get(LABEL_RUN, "")
+            try:
+                os.rename(self.root / "run" / pool_run, self.root / "run" / spec.run_id)
+            except OSError:
+                continue  # another worker claimed it first
+            self._claims_dir().mkdir(parents=True, exist_ok=True)
+            (self._claims_dir() / summary["Id"]).write_text(spec.run_id)
+            with self._seam("claim a warm container", run_id=spec.run_id):
+                self._client().api.rename(summary["Id"], container_name(spec.run_id))
+            log.info(
+                "sandbox.container_claimed",
+                extra={"run_id": spec.run_id, "container": summary["Id"]},
+            )
+            return self._placement(spec.run_id, summary["Id"])
+        return None
+
+    def _claims_dir(self) -> Path:
+        return self.root / "claims"
+
+    def _claimed_run(self, container_id: str) -> str | None:
+        try:
+            return (self._claims_dir() / container_id).read_text().strip() or None
+        except OSError:
+            return None
+
     def managed(self) -> list[ManagedSandbox]:
         """This scope's containers on this daemon, with run id, lease and worker."""
         with self._seam("list the harness containers"):
@@ -644,6 +763,8 @@ class DockerSandbox:
             run_id = labels.get(LABEL_RUN)
             if not run_id:
                 continue
+            if run_id.startswith(POOL_PREFIX):
+                run_id = self._claimed_run(str(summary.get("Id", ""))) or run_id
             leases = [self._label_lease(labels.get(LABEL_LEASE)), self._file_lease(run_id)]
             known = [lease for lease in leases if lease is not None]
             found.append(

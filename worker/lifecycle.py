@@ -76,6 +76,11 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
         if raw and raw.get("lease_until"):
             lease = max(lease or 0.0, float(raw["lease_until"]))
         expired = lease is not None and lease < now
+        if found.run_id.startswith("pool-"):
+            if expired:  # a warm container nobody claimed in time
+                sandbox.teardown(found.run_id)
+                report.sandboxes.append(found.run_id)
+            continue
         if status is None or status in FINISHED or (expired and status not in IN_FLIGHT):
             keep = bool(raw and '"workspace": null' not in raw.get("options", '"workspace": null'))
             sandbox.teardown(found.run_id, keep_workspace=keep)
@@ -194,3 +199,51 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
             and report is not None
         ):
             report.lost_turns.append(f"{run_id}/{turn}")
+
+
+def warm_pools(deps: TurnDeps) -> int:
+    """Keep HARNESS_WARM_POOL started containers per configured image on this host, shaped as
+    a run with the default network and limits gets them (other runs create their own)."""
+    settings = deps.settings
+    if settings.warm_pool <= 0 or settings.sandbox != "docker":
+        return 0
+    from sandbox.base import Limits, RunSpec
+
+    sandbox = deps.sandbox_for("docker")
+    warm = getattr(sandbox, "warm", None)
+    exists = getattr(sandbox, "image_exists", None)
+    if warm is None or exists is None:
+        return 0
+    started = 0
+    for image in sorted(set(settings.images.values())):
+        try:
+            if not exists(image):
+                continue
+            started += warm(
+                RunSpec(
+                    run_id="pool-template",
+                    image=image,
+                    network=settings.network,
+                    limits=Limits(settings.memory, settings.cpus, settings.pids),
+                    user=settings.container_user,
+                    read_only_root=settings.read_only_root,
+                    labels={"harness.worker": deps.worker_id},
+                )
+            )
+        except SandboxError as exc:
+            log.warning("sandbox.pool_failed", extra={"image": image, "error": str(exc)})
+    return started
+
+
+def drain_pools(deps: TurnDeps) -> None:
+    """Remove this deployment's unclaimed warm containers on this host (a worker going away
+    must not leave idle containers behind; the next worker to start warms the pool again)."""
+    if deps.settings.warm_pool <= 0 or deps.settings.sandbox != "docker":
+        return
+    try:
+        sandbox = deps.sandbox_for("docker")
+        for found in sandbox.managed():
+            if found.run_id.startswith("pool-"):
+                sandbox.teardown(found.run_id)
+    except SandboxError as exc:
+        log.warning("sandbox.pool_drain_failed", extra={"error": str(exc)})

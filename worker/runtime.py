@@ -40,7 +40,10 @@ def make_sandbox(backend: str, settings: Settings) -> Sandbox:
         from sandbox.docker import DockerSandbox
 
         docker_sandbox: Sandbox = DockerSandbox(
-            root / "docker", base_url=settings.docker_url, scope=settings.key_prefix
+            root / "docker",
+            base_url=settings.docker_url,
+            scope=settings.key_prefix,
+            warm_pool=settings.warm_pool,
         )
         return docker_sandbox
     raise SandboxError(f"unknown sandbox backend {backend!r}")

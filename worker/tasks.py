@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from typing import Any
 
 import redis
@@ -48,7 +49,9 @@ def end_run(run_id: str) -> bool:
 
 @app.task(name=TASK_REAP_HOST)
 def reap_host() -> list[str]:
-    return lifecycle.reap_here()
+    removed = lifecycle.reap_here()
+    lifecycle.warm_pools(runtime.deps())  # replace warm containers that expired unclaimed
+    return removed
 
 
 @app.task(name=TASK_REAP)
@@ -88,6 +91,9 @@ def _announce(**_: object) -> None:
             log.info("reaper.startup", extra={"removed": line})
     except Exception:
         log.exception("reaper.startup_failed")
+    threading.Thread(
+        target=lifecycle.warm_pools, args=(deps,), name="warm-pool", daemon=True
+    ).start()
 
 
 def _stop_turns_before_cold_shutdown() -> None:
@@ -115,9 +121,11 @@ def _shutting_down(how: str = "Warm", **_: object) -> None:
     """Warm: in-flight turns get HARNESS_SHUTDOWN_GRACE_S, then end with reason ``shutdown``
     while Celery waits for them. Cold (SIGQUIT, a second SIGINT): Celery will not wait, so stop
     every turn now and hold the process until they have published their terminal events."""
-    shutdown = runtime.deps().shutdown
+    deps = runtime.deps()
+    shutdown = deps.shutdown
     if how == "Cold":
         shutdown.request(immediate=True)
         shutdown.wait_idle(timeout_s=15)
     else:
         shutdown.request()
+    lifecycle.drain_pools(deps)
