@@ -53,7 +53,9 @@ def _scope_docker(scope: str) -> None:
             from sandbox.docker import DockerSandbox
 
             root = Path(settings.workspace_root) / "docker"
-            sandbox: Sandbox = DockerSandbox(root, base_url=settings.docker_url, scope=scope)
+            sandbox: Sandbox = DockerSandbox(
+                root, base_url=settings.docker_url, scope=scope, warm_pool=settings.warm_pool
+            )
             return sandbox
         return original(backend, settings)
 

@@ -205,7 +205,7 @@ def warm_pools(deps: TurnDeps) -> int:
     """Keep HARNESS_WARM_POOL started containers per configured image on this host, shaped as
     a run with the default network and limits gets them (other runs create their own)."""
     settings = deps.settings
-    if settings.warm_pool <= 0 or settings.sandbox != "docker":
+    if settings.warm_pool <= 0 or not _docker_in_use(settings):
         return 0
     from sandbox.base import Limits, RunSpec
 
@@ -238,7 +238,7 @@ def warm_pools(deps: TurnDeps) -> int:
 def drain_pools(deps: TurnDeps) -> None:
     """Remove this deployment's unclaimed warm containers on this host (a worker going away
     must not leave idle containers behind; the next worker to start warms the pool again)."""
-    if deps.settings.warm_pool <= 0 or deps.settings.sandbox != "docker":
+    if deps.settings.warm_pool <= 0 or not _docker_in_use(deps.settings):
         return
     try:
         sandbox = deps.sandbox_for("docker")
@@ -247,3 +247,8 @@ def drain_pools(deps: TurnDeps) -> None:
                 sandbox.teardown(found.run_id)
     except SandboxError as exc:
         log.warning("sandbox.pool_drain_failed", extra={"error": str(exc)})
+
+
+def _docker_in_use(settings: Settings) -> bool:
+    allowed = settings.allowed_sandboxes
+    return settings.sandbox == "docker" or "docker" in allowed or "*" in allowed
