@@ -36,27 +36,31 @@ class LineSplitter:
         self._discarding = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        lines: list[bytes] = []
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                self._hold(chunk[start:])
-                return lines
-            piece = chunk[start:nl]
-            start = nl + 1
-            if self._discarding:
-                self._discarding = False
-                continue
-            if self._size + len(piece) > self.max_line_bytes:
+        # bytes.split does the scanning in C: a flood of small lines is the hot path.
+        pieces = chunk.split(b"\n")
+        rest = pieces.pop()
+        if not pieces:
+            self._hold(rest)
+            return []
+        limit = self.max_line_bytes
+        head: bytes | None = pieces[0]
+        if self._discarding:  # the tail of a line already dropped
+            self._discarding = False
+            head = None
+        elif self._parts:  # the end of a line begun in an earlier chunk
+            if self._size + len(pieces[0]) > limit:
                 self._drop()
-                continue
-            if self._parts:
-                self._parts.append(piece)
-                piece = b"".join(self._parts)
+                head = None
+            else:
+                self._parts.append(pieces[0])
+                head = b"".join(self._parts)
                 self._parts.clear()
                 self._size = 0
-            lines.append(piece)
+        candidates = pieces[1:] if head is None else [head, *pieces[1:]]
+        lines = [line for line in candidates if len(line) <= limit]
+        self.oversized += len(candidates) - len(lines)
+        self._hold(rest)
+        return lines
 
     def flush(self) -> list[bytes]:
         """The last line when the stream ends without a newline."""
