@@ -216,7 +216,6 @@ class Deployment:
     fake: FakeModelServer
     client: HarnessClient
     docker: Any
-    log_mark: int = 0
     made: list[str] = field(default_factory=list)
 
     def cli_env(self) -> dict[str, str]:
