@@ -22,6 +22,7 @@ from adapters.events import Event, SessionError, TurnStarted, session_error
 from adapters.protocol import Adapter, ExitInfo, TurnRequest
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
+_decode_json = json.JSONDecoder().decode  # json.loads without its per-call dispatch
 STDERR_TAIL_CHARS = 2000
 
 
@@ -185,7 +186,7 @@ class StreamDriver:
             self.counters.dropped_after_terminal += 1
             return
         try:
-            message = json.loads(raw.decode("utf-8", errors="replace"))
+            message = _decode_json(raw.decode("utf-8", errors="replace"))
         except ValueError:
             self.counters.non_json += 1
             return
