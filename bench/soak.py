@@ -266,10 +266,15 @@ def soak(turns: int, workers: int, parallel: int, seed: int, broker: str) -> dic
         concurrency=8,
         workdir=workdir,
         second_host=False,
+        # A worker killed while it holds a delivered but not yet started turn leaves that
+        # message unacknowledged until the broker's visibility timeout. Production sets it
+        # above the longest turn; the soak sets it short, which the redelivery guard makes
+        # safe (a redelivered turn that is running, or ran, is never run again).
         extra_env={
             "HARNESS_HEARTBEAT_TTL_S": "3",
             "HARNESS_SHUTDOWN_GRACE_S": "1",
             "HARNESS_HOST_TIMEOUT_S": "120",
+            "HARNESS_VISIBILITY_TIMEOUT_S": "15",
         },
     )
     state = Soak(cluster, store, random.Random(seed))
