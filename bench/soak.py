@@ -32,7 +32,7 @@ from bench.scale_load import Cluster, start_cluster
 from worker.client import HarnessClient
 
 LINES = 8
-TURN_TIMEOUT_S = 5.0
+TURN_TIMEOUT_S = 12.0
 SCRIPTS = {
     "none": f"@stream {LINES} 0.05",
     "cancel": "@text started\n@sleep 30",
@@ -69,6 +69,7 @@ class Soak:
     cluster: Cluster
     store: PrivateRedis
     rng: random.Random
+    kinds: frozenset[str] = frozenset(WEIGHTS)
     faults: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     turns_done: int = 0
@@ -77,7 +78,8 @@ class Soak:
 
     def pick(self) -> str:
         with self.lock:
-            kinds, weights = zip(*WEIGHTS.items(), strict=True)
+            chosen = {k: w for k, w in WEIGHTS.items() if k in self.kinds}
+            kinds, weights = zip(*chosen.items(), strict=True)
             return self.rng.choices(kinds, weights)[0]
 
     def restart_a_worker(self, sig: signal.Signals) -> None:
@@ -254,7 +256,14 @@ def _is_event_problem(problem: str) -> bool:
     return any(word in problem for word in ("missing", "duplicate", "more than once"))
 
 
-def soak(turns: int, workers: int, parallel: int, seed: int, broker: str) -> dict[str, object]:
+def soak(
+    turns: int,
+    workers: int,
+    parallel: int,
+    seed: int,
+    broker: str,
+    kinds: frozenset[str] = frozenset(WEIGHTS),
+) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="harness-soak-"))
     (workdir / "redis").mkdir()
     store = PrivateRedis(workdir / "redis")
@@ -277,7 +286,7 @@ def soak(turns: int, workers: int, parallel: int, seed: int, broker: str) -> dic
             "HARNESS_VISIBILITY_TIMEOUT_S": "15",
         },
     )
-    state = Soak(cluster, store, random.Random(seed))
+    state = Soak(cluster, store, random.Random(seed), kinds=kinds | {"none"})
     budget = [turns]
     started = time.monotonic()
     try:
@@ -288,8 +297,12 @@ def soak(turns: int, workers: int, parallel: int, seed: int, broker: str) -> dic
             thread.start()
         for thread in threads:
             thread.join()
+        time.sleep(4)  # let the heartbeats of turns a killed worker held lapse
         cluster.reap()
-        leaked = len(cluster.containers())
+        leaked_ids = [getattr(c, "name", "?") for c in cluster.containers()]
+        leaked = len(leaked_ids)
+        if leaked:
+            state.problems.append(f"leaked containers: {leaked_ids}")
         client = cluster.client()
         live = sum(1 for _ in client.redis.scan_iter(f"{cluster.prefix}:run:*:credential"))
         client.close()

@@ -44,6 +44,11 @@ def create_app(settings: Settings | None = None) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout_s,
+            # A worker killed while it held kombu's restore mutex would block the return of
+            # every killed worker's unacknowledged turns for the default 300 s; a sweep takes
+            # milliseconds. Restore more per sweep: one Redis may serve many deployments.
+            "unacked_mutex_expire": 30,
+            "unacked_restore_limit": 100,
             "socket_connect_timeout": 5,
         },
         beat_schedule={

@@ -106,15 +106,18 @@ def drive(
                 if process.eof or now - terminal_at >= limits.exit_grace_s:
                     break
             else:
-                if now >= limits.deadline:
+                timed_out = now >= limits.deadline or now - last_output >= limits.idle_s
+                if timed_out or now >= next_check:
+                    # A cancel (or shutdown) that came in while we were busy wins over a
+                    # timeout that expired meanwhile: it is what the producer asked for.
+                    next_check = now + POLL_S
+                    stop = should_stop()
+                if stop is None and now >= limits.deadline:
                     stop = session_error("the turn timed out", "timeout")
-                elif now - last_output >= limits.idle_s:
+                elif stop is None and now - last_output >= limits.idle_s:
                     stop = session_error(
                         f"the harness produced no output for {limits.idle_s:g}s", "timeout"
                     )
-                elif now >= next_check:
-                    next_check = now + POLL_S
-                    stop = should_stop()
                 if stop is not None:
                     break
                 if process.eof:
