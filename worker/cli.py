@@ -178,7 +178,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "end":
         record = client.end(args.run_id)
-        renderer.message({"run_id": args.run_id, "status": record["status"]}, "run ended")
+        note = record.get("last_error") or ""
+        text = f"run ended ({note})" if note.startswith("end:") else "run ended"
+        renderer.message({"run_id": args.run_id, "status": record["status"], "note": note}, text)
         return 0
     raise AssertionError(args.command)
 

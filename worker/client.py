@@ -19,7 +19,7 @@ from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, TurnStarted, session_error
 from config import Settings, load_settings
-from worker import hosts
+from worker import credentials, hosts
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
 from worker.errors import HarnessError, InvalidInput, RunNotFound, Unavailable
@@ -288,7 +288,14 @@ class HarnessClient:
             if record["status"] == "ended":
                 return record
             time.sleep(0.1)
-        raise Unavailable(
-            f"no worker consuming {queue!r} ended run {run_id} within {timeout:g}s; "
-            "the reaper will remove its sandbox when its lease expires"
+        # No worker on the run's host answered in time (gone, or the message is held by a
+        # dead one). The run ends here all the same: its credential now, and its sandbox at
+        # the reaper's next pass on that host (an ended run's sandbox is always removed).
+        credentials.revoke(self.redis, self.keys, run_id)
+        note = (
+            f"end: no worker consuming {queue} confirmed the teardown within {timeout:g}s; "
+            "the reaper removes the sandbox on its next pass"
         )
+        self.store.update(run_id, status="ended", last_error=note)
+        self.store.expire(run_id, self.settings.retention_s)
+        return self.store.get(run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -82,7 +83,7 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
                 report.sandboxes.append(found.run_id)
             continue
         if status is None or status in FINISHED or (expired and status not in IN_FLIGHT):
-            keep = bool(raw and '"workspace": null' not in raw.get("options", '"workspace": null'))
+            keep = bool(raw and json.loads(raw.get("options") or "{}").get("workspace"))
             sandbox.teardown(found.run_id, keep_workspace=keep)
             credentials.revoke(deps.redis, deps.keys, found.run_id)
             report.sandboxes.append(found.run_id)

@@ -72,3 +72,21 @@ def test_queued_turn_is_closed_when_its_host_dies(env: Env, workers: list[Worker
     terminal = client.wait(run_id, turn, timeout=5)
     assert terminal.data["reason"] == "sandbox"
     assert client.status(run_id)["status"] == "failed"
+
+
+def test_end_without_a_live_worker_still_ends_the_run(env: Env, workers: list[WorkerProcess]) -> None:
+    worker = start_worker(env)
+    workers.append(worker)
+    client = env.client()
+    run_id = client.start_run("stdio-json", "first", executable=DEMO)
+    client.wait(run_id, 1, timeout=30)
+    worker.stop()
+    record = client.end(run_id, timeout=1)
+    assert record["status"] == "ended"
+    assert record["last_error"].startswith("end: no worker consuming")
+    assert client.status(run_id)["credential_live"] is False
+    # The next worker on that host removes the sandbox of the ended run at start-up.
+    workspace = env.tmp / "workspaces" / "local" / "run" / run_id
+    assert workspace.exists()
+    workers.append(start_worker(env))
+    assert not workspace.exists()
