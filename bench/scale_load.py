@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
+
 from config import load_settings
 from worker.client import HarnessClient
 

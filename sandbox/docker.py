@@ -420,6 +420,7 @@ class DockerSandbox:
         self.base_url = base_url
         self.api_timeout = api_timeout
         self.warm_pool = warm_pool
+        self._pool_closed = threading.Event()
         """How many started, unclaimed containers to keep per shape (image, network, limits,
         user): a run's first turn claims one instead of creating and starting its own."""
         url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -680,6 +681,8 @@ class DockerSandbox:
         shape = _pool_shape(spec)
         missing = self.warm_pool - len(self._pooled(shape))
         for _ in range(max(missing, 0)):
+            if self._pool_closed.is_set():
+                return 0
             labels = {
                 **spec.labels,
                 LABEL_POOL_SHAPE: shape,
@@ -689,7 +692,17 @@ class DockerSandbox:
                 spec, run_id=POOL_PREFIX + uuid.uuid4().hex[:16], workspace_key=None, labels=labels
             )
             self._create(pooled)
+            if self._pool_closed.is_set():  # closed while this one was starting
+                self.teardown(pooled.run_id)
+                return 0
         return max(missing, 0)
+
+    def close_pool(self) -> None:
+        """Stop warming and remove this scope's unclaimed warm containers (worker shutdown)."""
+        self._pool_closed.set()
+        for found in self.managed():
+            if found.run_id.startswith(POOL_PREFIX):
+                self.teardown(found.run_id)
 
     def _refill_later(self, spec: RunSpec) -> None:
         def refill() -> None:

@@ -242,10 +242,9 @@ def drain_pools(deps: TurnDeps) -> None:
     if deps.settings.warm_pool <= 0 or not _docker_in_use(deps.settings):
         return
     try:
-        sandbox = deps.sandbox_for("docker")
-        for found in sandbox.managed():
-            if found.run_id.startswith("pool-"):
-                sandbox.teardown(found.run_id)
+        close_pool = getattr(deps.sandbox_for("docker"), "close_pool", None)
+        if close_pool is not None:
+            close_pool()
     except SandboxError as exc:
         log.warning("sandbox.pool_drain_failed", extra={"error": str(exc)})
 

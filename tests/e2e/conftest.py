@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import docker
 import pytest
 
-import docker
 from tests.conftest import ROOT
 from tests.fakemodel import FakeModelServer, RecordedRequest
 from tests.fakemodel.clis import FAKE_KEY

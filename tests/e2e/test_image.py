@@ -6,9 +6,9 @@ import json
 import re
 import subprocess
 
+import docker
 import pytest
 
-import docker
 from tests.conftest import ROOT
 from tests.e2e.conftest import build_lock
 

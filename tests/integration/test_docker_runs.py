@@ -10,9 +10,9 @@ import sys
 import time
 from collections.abc import Iterator
 
+import docker
 import pytest
 
-import docker
 from tests.integration.conftest import Env, WorkerProcess, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
 

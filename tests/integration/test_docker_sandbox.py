@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
-import docker
 from sandbox.base import (
     ExecSpec,
     ImageMissing,

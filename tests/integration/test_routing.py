@@ -74,7 +74,9 @@ def test_queued_turn_is_closed_when_its_host_dies(env: Env, workers: list[Worker
     assert client.status(run_id)["status"] == "failed"
 
 
-def test_end_without_a_live_worker_still_ends_the_run(env: Env, workers: list[WorkerProcess]) -> None:
+def test_end_without_a_live_worker_still_ends_the_run(
+    env: Env, workers: list[WorkerProcess]
+) -> None:
     worker = start_worker(env)
     workers.append(worker)
     client = env.client()
@@ -89,4 +91,7 @@ def test_end_without_a_live_worker_still_ends_the_run(env: Env, workers: list[Wo
     workspace = env.tmp / "workspaces" / "local" / "run" / run_id
     assert workspace.exists()
     workers.append(start_worker(env))
+    deadline = time.monotonic() + 15  # the start-up reap runs just after the worker is ready
+    while workspace.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not workspace.exists()

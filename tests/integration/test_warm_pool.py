@@ -69,7 +69,9 @@ def test_stopping_the_worker_removes_its_unclaimed_warm_containers(
     require_docker()
     ensure_images(["demo"])
     env.vars.update(
-        HARNESS_SANDBOX="docker", HARNESS_NETWORK="none", HARNESS_WARM_POOL="2",
+        HARNESS_SANDBOX="docker",
+        HARNESS_NETWORK="none",
+        HARNESS_WARM_POOL="2",
         HARNESS_IMAGES="stdio-json=harness-worker/demo:1",
     )
     worker = start_worker(env)
