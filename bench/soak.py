@@ -284,6 +284,7 @@ def soak(
             "HARNESS_SHUTDOWN_GRACE_S": "1",
             "HARNESS_HOST_TIMEOUT_S": "120",
             "HARNESS_VISIBILITY_TIMEOUT_S": "15",
+            "HARNESS_RESEND_AFTER_S": "20",
         },
     )
     state = Soak(cluster, store, random.Random(seed), kinds=kinds | {"none"})

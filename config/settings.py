@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     harness_queues: CommaList = ()
     """Harness queues this worker consumes (default: all)."""
     reap_interval_s: float = Field(60.0, gt=0)
+    resend_after_s: float = Field(300.0, gt=0)
+    """A turn still not taken by any worker this long after it was sent is sent again by the
+    reaper (a message held by a killed worker can be lost to the broker); the redelivery
+    guard makes the copy harmless if the first one turns up after all."""
     heartbeat_ttl_s: int = Field(30, ge=2)
     """A turn's owner heartbeat lives this long; a turn without one is closed as worker-lost."""
     visibility_timeout_s: int = Field(0, ge=0)

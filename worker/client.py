@@ -149,6 +149,9 @@ class HarnessClient:
 
     def _send(self, run_id: str, turn: int, input: str, queue: str) -> None:
         payload = TurnPayload(run_id=run_id, turn=turn, input=input).model_dump()
+        ttl = self.settings.retention_s
+        entry = json.dumps({"payload": payload, "queue": queue, "sent_at": time.time()})
+        self.redis.set(self.keys.turn_queued(run_id, turn), entry, ex=ttl)
         try:
             self.app.send_task(TASK_RUN_TURN, args=[payload], queue=queue)
         except Exception:

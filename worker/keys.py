@@ -27,6 +27,11 @@ class Keys:
         """A list of the run's turns (input and final answer), replayed when resume fails."""
         return f"{self.prefix}:run:{run_id}:transcript"
 
+    def turn_queued(self, run_id: str, turn: int) -> str:
+        """The turn's payload while it waits to be taken: the reaper re-sends it from here if
+        the broker loses its message (a worker killed while holding it)."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:queued"
+
     def turn_started(self, run_id: str, turn: int) -> str:
         """Set once when a worker takes a turn: a redelivered turn never runs twice."""
         return f"{self.prefix}:run:{run_id}:turn:{turn}:started"

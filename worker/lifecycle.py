@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,11 +60,13 @@ def _wait_for_turn_to_stop(deps: TurnDeps, run_id: str, record: dict[str, Any]) 
 class ReapReport:
     sandboxes: list[str] = field(default_factory=list)
     lost_turns: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"removed sandbox of run {r}" for r in self.sandboxes]
         out += [f"closed turn {t} (worker lost)" for t in self.lost_turns]
+        out += [f"sent turn {t} again (no worker had taken it)" for t in self.resent]
         return out
 
 
@@ -126,6 +129,7 @@ def reap_here() -> list[str]:
     # First: a lost or stranded turn fails its run, whose sandbox then goes in the same pass.
     close_lost_turns(deps, report)
     close_stranded_turns(deps, report)
+    report.resent += resend_unclaimed_turns(deps, _sender(deps))
     for backend in ("docker", "local"):
         try:
             reap_sandboxes(deps, deps.sandbox_for(backend), report)
@@ -252,3 +256,52 @@ def drain_pools(deps: TurnDeps) -> None:
 def _docker_in_use(settings: Settings) -> bool:
     allowed = settings.allowed_sandboxes
     return settings.sandbox == "docker" or "docker" in allowed or "*" in allowed
+
+
+def resend_unclaimed_turns(
+    deps: TurnDeps, send: Callable[[dict[str, Any], str], None]
+) -> list[str]:
+    """Send again every queued turn no worker has taken for HARNESS_RESEND_AFTER_S.
+
+    A turn's payload stays in Redis until a worker takes it. Should the broker lose the
+    message (kombu's Redis transport can, when a worker dies holding it), the turn would
+    wait forever; sending it again is safe because only the first copy to reach a worker
+    claims the turn, and every later copy is dropped as a duplicate.
+    """
+    resent: list[str] = []
+    now = time.time()
+    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+        raw = deps.redis.hgetall(deps.keys.run(run_id))
+        if not raw or raw.get("status") not in IN_FLIGHT:
+            continue
+        turn = int(raw.get("current_turn") or 0)
+        if turn < 1 or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+            continue
+        key = deps.keys.turn_queued(run_id, turn)
+        entry_text = deps.redis.get(key)
+        if not entry_text:
+            continue
+        entry = json.loads(entry_text)
+        if now - float(entry.get("sent_at", now)) < deps.settings.resend_after_s:
+            continue
+        queue = str(entry.get("queue") or "")
+        if hosts.is_host_queue(queue, deps.keys) and not hosts.alive(deps.redis, deps.keys, queue):
+            continue  # close_stranded_turns ends it instead
+        entry["sent_at"] = now
+        deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
+        send(entry["payload"], queue)
+        resent.append(f"{run_id}/{turn}")
+        log.warning("turn.resent", extra={"run_id": run_id, "turn": turn, "queue": queue})
+    return resent
+
+
+def _sender(deps: TurnDeps) -> Callable[[dict[str, Any], str], None]:
+    from worker.app import create_app
+    from worker.app_names import TASK_RUN_TURN
+
+    app = create_app(deps.settings)
+
+    def send(payload: dict[str, Any], queue: str) -> None:
+        app.send_task(TASK_RUN_TURN, args=[payload], queue=queue)
+
+    return send

@@ -131,6 +131,7 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload) -> str:
     )
     if not claimed:
         return _redelivered(deps, run_id, turn, options)
+    deps.redis.delete(keys.turn_queued(run_id, turn))
 
     logs.bind(harness=options.harness)
     log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})

@@ -95,3 +95,34 @@ def test_end_without_a_live_worker_still_ends_the_run(
     while workspace.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not workspace.exists()
+
+
+def _reap(env: Env) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "reap"],
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, **env.vars},
+        check=True,
+    )
+    return done.stdout.decode().splitlines()
+
+
+@pytest.mark.parametrize("message_lost", [True, False])
+def test_turn_no_worker_took_is_sent_again_and_runs_once(
+    env: Env, workers: list[WorkerProcess], message_lost: bool
+) -> None:
+    env.vars["HARNESS_RESEND_AFTER_S"] = "1"
+    client = env.client()
+    run_id = client.start_run("stdio-json", "hello again", executable=DEMO)  # no worker yet
+    if message_lost:
+        assert env.redis().delete(f"{env.prefix}.stdio-json") == 1  # the broker loses it
+    time.sleep(1.2)
+    assert f"sent turn {run_id}/1 again (no worker had taken it)" in _reap(env)
+    workers.append(start_worker(env))
+    terminal = client.wait(run_id, 1, timeout=30)
+    assert terminal.type == "turn-complete"
+    time.sleep(1)  # a second copy, when there is one, is taken and dropped meanwhile
+    events = [e for e in client.events(run_id) if e.turn == 1]
+    assert [e.type for e in events].count("session") == 1  # the harness ran once
+    assert [e.terminal for e in events].count(True) == 1
