@@ -95,6 +95,11 @@ def check_golden(path: Path, actual: Any) -> None:
     assert actual == expected, f"{path.name} differs (UPDATE_GOLDEN=1 rewrites it)"
 
 
+def by_type(events: list[Any], kind: str) -> list[Any]:
+    """The events of one type, in order."""
+    return [e for e in events if e.type == kind]
+
+
 def terminal_count(events: list[Event]) -> int:
     return sum(1 for event in events if event.terminal)
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from helpers import (
     assert_stream_rules,
+    by_type,
     check_golden,
     event_dicts,
     exit_info,
@@ -43,10 +44,6 @@ def run(scenario: str, **changes: Any) -> tuple[list[Any], Any]:
     if changes:
         request = TurnRequest(**{**request.__dict__, **changes})
     return replay(adapter, request, stdout_bytes(HARNESS, scenario), exit_info(HARNESS, scenario))
-
-
-def by_type(events: list[Any], kind: str) -> list[Any]:
-    return [e for e in events if e.type == kind]
 
 
 # --- recorded streams -------------------------------------------------------------------

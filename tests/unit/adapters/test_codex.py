@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helpers import (
     assert_stream_rules,
+    by_type,
     check_golden,
     event_dicts,
     exit_info,
@@ -64,10 +65,6 @@ def run(scenario: str, **changes: Any) -> tuple[list[Any], Any]:
         stdout_bytes(HARNESS, scenario),
         exit_info(HARNESS, scenario),
     )
-
-
-def by_type(events: list[Any], kind: str) -> list[Any]:
-    return [e for e in events if e.type == kind]
 
 
 def config(command: Any, home: str = "/workspace/.home") -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helpers import (
     assert_stream_rules,
+    by_type,
     check_golden,
     event_dicts,
     exit_info,
@@ -47,10 +48,6 @@ def run(scenario: str, **changes: Any) -> tuple[list[Any], Any]:
         stdout_bytes(HARNESS, scenario),
         exit_info(HARNESS, scenario),
     )
-
-
-def by_type(events: list[Any], kind: str) -> list[Any]:
-    return [e for e in events if e.type == kind]
 
 
 # --- recorded streams -------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from helpers import (
     assert_stream_rules,
+    by_type,
     check_golden,
     event_dicts,
     exit_info,
@@ -56,10 +57,6 @@ def run(scenario: str, exit: ExitInfo | None = None, **changes: Any) -> tuple[li
         stdout_bytes(HARNESS, scenario),
         exit or exit_info(HARNESS, scenario),
     )
-
-
-def by_type(events: list[Any], kind: str) -> list[Any]:
-    return [e for e in events if e.type == kind]
 
 
 def argv_value(argv: tuple[str, ...], flag: str) -> str:
