@@ -17,7 +17,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from adapters.events import TERMINAL_TYPES, TurnStarted, session_error
+from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings, load_settings
 from worker import credentials, hosts
 from worker.app import create_app
@@ -26,10 +26,10 @@ from worker.errors import HarnessError, InvalidInput, RunNotFound, Unavailable
 from worker.keys import Keys, SyncRedis
 from worker.lifecycle import fail_stranded_turn
 from worker.policy import check_input, resolve
-from worker.publisher import RedisStreamPublisher, last_seq
 from worker.records import IN_FLIGHT, RunStore
 from worker.runtime import redis_client
 from worker.spec import TurnPayload, check_run_id, new_run_id, parse_options
+from worker.turn import end_turn_without_harness
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")
@@ -247,29 +247,18 @@ class HarnessClient:
         self.redis.set(self.keys.cancel(run_id, turn), "1", ex=ttl)
         # A turn still in the queue: claim it so no worker runs it, and end it here.
         if self.redis.set(self.keys.turn_started(run_id, turn), "client-cancel", nx=True, ex=ttl):
-            next_seq, _ = last_seq(self.redis, self.keys, run_id, turn)
-            publisher = RedisStreamPublisher(
+            end_turn_without_harness(
                 self.redis,
                 self.keys,
+                self.store,
+                self.settings.stream_maxlen,
                 run_id,
                 turn,
-                maxlen=self.settings.stream_maxlen,
-                start_seq=next_seq,
+                record["harness"],
+                session_error("the turn was cancelled before it started", "cancelled"),
+                run_status="idle",
+                drain_s=30,
             )
-            self.store.finish_turn(
-                run_id,
-                turn,
-                status="idle",
-                usage=(0, 0, 0, None),
-                fields={"last_error": "cancelled: the turn was cancelled before it started"},
-            )
-            publisher.publish(
-                [
-                    TurnStarted(harness=record["harness"], attempt=1, input_chars=0),
-                    session_error("the turn was cancelled before it started", "cancelled"),
-                ]
-            )
-            publisher.drain(30)
         return True
 
     @_translate

@@ -9,15 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.events import Event, TurnStarted, session_error
+from adapters.events import session_error
 from config import Settings
 from sandbox.base import Sandbox, SandboxError
 from worker import credentials, hosts, metrics
 from worker.errors import RunNotFound
 from worker.keys import Keys, SyncRedis
-from worker.publisher import RedisStreamPublisher, last_seq
+from worker.publisher import last_seq
 from worker.records import FINISHED, IN_FLIGHT, RunStore
-from worker.turn import TurnDeps, close_lost_turn
+from worker.turn import TurnDeps, close_lost_turn, end_turn_without_harness
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,10 @@ def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
             continue  # still queued: not lost
         if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
             continue  # its worker is alive
-        next_seq, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
+        _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
         if last_type in ("turn-complete", "session-error"):
             continue
-        close_lost_turn(deps, run_id, turn, raw.get("harness", ""), next_seq)
+        close_lost_turn(deps, run_id, turn, raw.get("harness", ""))
         report.lost_turns.append(f"{run_id}/{turn}")
 
 
@@ -156,24 +156,19 @@ def fail_stranded_turn(
         f"no worker is consuming {queue}: the host of this run's container is gone "
         "(start a worker there, or end the run and start a new one)"
     )
-    next_seq, _ = last_seq(deps_redis, keys, run_id, turn)
-    publisher = RedisStreamPublisher(
-        deps_redis, keys, run_id, turn, maxlen=settings.stream_maxlen, start_seq=next_seq
-    )
-    events: list[Event] = []
-    if next_seq == 0:
-        events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
-    events.append(session_error(error, "sandbox"))
-    store.finish_turn(
+    end_turn_without_harness(
+        deps_redis,
+        keys,
+        store,
+        settings.stream_maxlen,
         run_id,
         turn,
-        status="failed",
-        usage=(0, 0, 0, None),
-        fields={"last_error": f"sandbox: {error}"},
+        harness,
+        session_error(error, "sandbox"),
+        run_status="failed",
+        drain_s=30,
     )
     credentials.revoke(deps_redis, keys, run_id)
-    publisher.publish(events)
-    publisher.drain(30)
     metrics.turn_failed(harness, "sandbox")
     log.warning("turn.host_gone", extra={"run_id": run_id, "turn": turn, "queue": queue})
     return True

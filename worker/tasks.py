@@ -34,11 +34,9 @@ def run_turn(self: Task, payload: dict[str, Any]) -> str:
         raise self.retry(exc=exc, countdown=2) from exc
     except Exception as exc:
         log.exception("turn.internal_error", extra={"run_id": turn.run_id, "turn": turn.turn})
-        next_seq, last_type = last_seq(deps.redis, deps.keys, turn.run_id, turn.turn)
+        _, last_type = last_seq(deps.redis, deps.keys, turn.run_id, turn.turn)
         if last_type not in ("turn-complete", "session-error"):
-            close_lost_turn(
-                deps, turn.run_id, turn.turn, "", next_seq, error=f"internal error: {exc}"
-            )
+            close_lost_turn(deps, turn.run_id, turn.turn, "", error=f"internal error: {exc}")
         return "internal-error"
 
 

@@ -470,14 +470,44 @@ def _close(
 
 def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) -> str:
     """A turn some worker already took: finished, in flight, or orphaned by a dead worker."""
-    next_seq, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
+    _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
     if last_type in ("turn-complete", "session-error"):
         log.info("turn.duplicate_ignored", extra={"run_id": run_id, "turn": turn})
         return "duplicate"
     if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
         log.info("turn.duplicate_in_flight", extra={"run_id": run_id, "turn": turn})
         return "duplicate"
-    return close_lost_turn(deps, run_id, turn, options.harness, next_seq)
+    return close_lost_turn(deps, run_id, turn, options.harness)
+
+
+def end_turn_without_harness(
+    client: SyncRedis,
+    keys: Keys,
+    store: RunStore,
+    stream_maxlen: int,
+    run_id: str,
+    turn: int,
+    harness: str,
+    error: SessionError,
+    *,
+    run_status: str,
+    drain_s: float,
+) -> None:
+    """The one terminal event of a turn no harness will finish (its worker died, its host is
+    gone, it was cancelled in the queue): ``turn-started`` first when the turn has no event
+    yet, then the error. The run record is updated first, as ``_close`` does."""
+    next_seq, _ = last_seq(client, keys, run_id, turn)
+    publisher = RedisStreamPublisher(
+        client, keys, run_id, turn, maxlen=stream_maxlen, start_seq=next_seq
+    )
+    events: list[Event] = []
+    if next_seq == 0:
+        events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
+    events.append(error)
+    fields = {"last_error": f"{error.reason}: {error.error}"}
+    store.finish_turn(run_id, turn, status=run_status, usage=(0, 0, 0, None), fields=fields)
+    publisher.publish(events)
+    publisher.drain(drain_s)
 
 
 def close_lost_turn(
@@ -485,29 +515,24 @@ def close_lost_turn(
     run_id: str,
     turn: int,
     harness: str,
-    next_seq: int,
     error: str = "the worker running this turn was lost",
 ) -> str:
     """Give a turn whose worker died its one terminal event (reason ``worker-lost``)."""
-    publisher = RedisStreamPublisher(
-        deps.redis, deps.keys, run_id, turn, maxlen=deps.settings.stream_maxlen, start_seq=next_seq
-    )
-    events: list[Event] = []
-    if next_seq == 0:
-        events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
-    events.append(session_error(error, "worker-lost"))
     # The run's sandbox may hold a half-done turn: the run ends here. The reaper on its host
     # removes the sandbox (status failed), and the credential is revoked now.
     credentials.revoke(deps.redis, deps.keys, run_id)
-    deps.store.finish_turn(
+    end_turn_without_harness(
+        deps.redis,
+        deps.keys,
+        deps.store,
+        deps.settings.stream_maxlen,
         run_id,
         turn,
-        status="failed",
-        usage=(0, 0, 0, None),
-        fields={"last_error": f"worker-lost: {error}"},
+        harness,
+        session_error(error, "worker-lost"),
+        run_status="failed",
+        drain_s=REDIS_PATIENCE_S,
     )
-    publisher.publish(events)
-    publisher.drain(REDIS_PATIENCE_S)
     if harness:  # without one (the task's internal-error path) execute_turn counted the turn
         metrics.turn_failed(harness, "worker-lost")
     log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
