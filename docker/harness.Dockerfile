@@ -40,7 +40,8 @@ RUN set -eu; \
     mkdir -p /workspace && chown 1000:1000 /workspace
 
 # The CLIs live outside any HOME (HOME is per run, in the workspace), read-only for the user,
-# installed from docker/clis/package.json with its lock file, as scripts/install-clis does on
+# installed from docker/clis/package.json with its lock file (npm install, not npm ci: see
+# scripts/install-clis), as scripts/install-clis does on
 # a host. scripts/build-images runs that script on the host (where the registry's TLS setup is
 # known to work) and puts the result in the build context as docker/clis/node_modules and
 # docker/clis/opencode-home; from a plain checkout neither exists and npm runs here.
@@ -51,8 +52,7 @@ COPY docker/clis/ /opt/harness-clis/
 RUN set -eu; \
     cd /opt/harness-clis; \
     if [ ! -d node_modules ]; then \
-        if [ -f package-lock.json ]; then npm ci --no-audit --no-fund; \
-        else npm install --no-audit --no-fund; fi; \
+        npm install --no-audit --no-fund; \
     fi; \
     if [ ! -d opencode-home ]; then \
         version="$(node -p 'require("./package.json").dependencies["opencode-ai"]')"; \
