@@ -16,16 +16,13 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from adapters.events import Event, utf8_safe
+from adapters.events import Event
 from worker import metrics
 from worker.keys import Keys, SyncRedis
 
 log = logging.getLogger(__name__)
 
 MASK = "[masked]"
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-"""``Event.data_json()``'s encoding, built once: ``json.dumps`` with options builds an
-encoder per call, which cost more than the rest of serialising a small event."""
 _DUPLICATE_ID = "equal or smaller than the target stream top item"
 
 
@@ -100,7 +97,7 @@ class RedisStreamPublisher:
         masker = self._masker if self._masker else None
         pending, turn, seq = self._pending, self.turn, self.seq
         for event in events:
-            data = utf8_safe(_ENCODER.encode(event.data()))  # what event.data_json() returns
+            data = event.data_json()
             if masker is not None:
                 data = masker.mask(data)
             pending.append((f"{turn}-{seq}", event.type, data, ts))

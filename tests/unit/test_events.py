@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from adapters.events import (
@@ -23,6 +25,7 @@ from adapters.events import (
     json_schema,
     parse_event,
     session_error,
+    utf8_safe,
 )
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "adapters" / "events.schema.json"
@@ -201,6 +204,22 @@ def test_parse_event_round_trips_wire_form(event: Any) -> None:
 
 def test_data_json_keeps_non_ascii_when_serialised() -> None:
     assert "é" in AssistantText(text="é").data_json()
+
+
+@given(st.text())
+def test_data_json_escapes_text_as_json_dumps_does(text: str) -> None:
+    # The publisher's Masker looks for secrets in the forms json.dumps gives them.
+    event = AssistantText(text=text)
+    expected = json.dumps({"text": text}, ensure_ascii=False, separators=(",", ":"))
+    assert event.data_json() == utf8_safe(expected)
+
+
+def test_data_json_replaces_lone_surrogate_when_text_has_one() -> None:
+    assert json.loads(AssistantText(text="a\ud800b").data_json()) == {"text": "a?b"}
+
+
+def test_data_json_writes_null_when_cost_not_finite() -> None:
+    assert json.loads(Usage(cost_usd=float("nan")).data_json())["cost_usd"] is None
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.type)

@@ -192,6 +192,32 @@ def test_invalid_utf8_replaced_not_fatal() -> None:
     assert isinstance(events[-1], TurnComplete)
 
 
+def test_nesting_too_deep_counted_as_non_json_when_line_nests_200000_levels() -> None:
+    driver = _driver()
+    events = _run(driver, [b"[" * 200_000 + b"\n", b'{"a":' * 100_000 + b"\n", TEXT, COMPLETE])
+    assert [e.type for e in events] == ["turn-started", "assistant-text", "turn-complete"]
+    assert driver.counters.non_json == 2
+
+
+def test_lenient_json_kept_when_fast_parser_refuses_it() -> None:
+    # NaN and an escaped lone surrogate: refused by orjson, valid to Python's json, so they
+    # keep meaning what they meant before the fast parser.
+    driver = _driver(FakeAdapter())
+    lines = [
+        b'{"say":"nan","n":NaN}\n',
+        b'{"say":"lone \\ud800 surrogate"}\n',
+        b'{"done":"ok"}\n',
+    ]
+    events = _run(driver, lines)
+    assert [e.text for e in events if isinstance(e, AssistantText)] == [
+        "nan",
+        "lone \ud800 surrogate",
+    ]
+    assert driver.counters.non_json == 0
+    seen = driver.state.seen
+    assert seen[0]["n"] != seen[0]["n"]  # NaN
+
+
 def test_oversized_line_dropped_and_counted_when_over_max_line_bytes() -> None:
     driver = _driver(max_line_bytes=64)
     big = _line({"type": "text", "text": "x" * 200})
