@@ -35,11 +35,13 @@ import pytest
 import redis
 
 from config import load_settings
-from tests.conftest import RABBITMQ_URL, ROOT, _rabbit_up, require
+from tests.conftest import RABBITMQ_URL, ROOT, _rabbit_up, demo_executable, require
 from tests.integration.conftest import Env, make_env
 from tests.security.conftest import find_leaks, start_scoped_worker
 from worker.doctor import mask_url
 from worker.runtime import redis_client
+
+DEMO = demo_executable()
 
 pytestmark = [pytest.mark.redis]
 
@@ -170,11 +172,11 @@ def test_turn_runs_with_records_streams_and_broker_over_rediss(
     tls_redis: TlsRedis, tmp_path: Path
 ) -> None:
     url = tls_redis.url()
-    env = make_env(tmp_path, url, HARNESS_ALLOWED_EXECUTABLES="harness-demo")
+    env = make_env(tmp_path, url, HARNESS_ALLOWED_EXECUTABLES=DEMO)
     worker = start_scoped_worker(env)
     try:
         client = env.client()
-        run_id = client.start_run("stdio-json", "hello over TLS", executable="harness-demo")
+        run_id = client.start_run("stdio-json", "hello over TLS", executable=DEMO)
         terminal = client.wait(run_id, 1, timeout=60)
         assert terminal.type == "turn-complete", terminal.data
         assert terminal.data["text"] == "You said: hello over TLS"
@@ -280,7 +282,7 @@ def test_turn_runs_over_amqps(
     worker = start_scoped_worker(env, extra_env={"SSL_CERT_FILE": str(pki.ca)})
     try:
         client = env.client()
-        run_id = client.start_run("stdio-json", "hello over amqps", executable="harness-demo")
+        run_id = client.start_run("stdio-json", "hello over amqps", executable=DEMO)
         terminal = client.wait(run_id, 1, timeout=60)
         assert terminal.type == "turn-complete", terminal.data
         client.end(run_id)
