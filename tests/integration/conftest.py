@@ -94,10 +94,22 @@ class WorkerProcess:
         return self.proc.returncode
 
 
-def start_worker(env: Env, *, extra_args: tuple[str, ...] = (), **overrides: str) -> WorkerProcess:
+def start_worker(
+    env: Env,
+    *,
+    extra_args: tuple[str, ...] = (),
+    app: str = "worker.app",
+    loglevel: str = "info",
+    extra_env: dict[str, str] | None = None,
+    **overrides: str,
+) -> WorkerProcess:
+    """A real worker process (``celery -A app worker``) for ``env``; ready when it returns.
+
+    ``overrides`` are HARNESS_* settings for this worker only; ``extra_env`` other variables.
+    """
     name = f"w{uuid.uuid4().hex[:6]}"
     variables = {**env.vars, **overrides}
-    full_env = {**os.environ, **variables, "PYTHONUNBUFFERED": "1"}
+    full_env = {**os.environ, **variables, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     log = env.tmp / f"{name}.log"
     host_queue = env.settings(
         **{k.removeprefix("HARNESS_").lower(): v for k, v in overrides.items()}
@@ -111,10 +123,10 @@ def start_worker(env: Env, *, extra_args: tuple[str, ...] = (), **overrides: str
                 "-m",
                 "celery",
                 "-A",
-                "worker.app",
+                app,
                 "worker",
                 "-l",
-                "info",
+                loglevel,
                 "-n",
                 f"{name}@%h",
                 "--without-mingle",

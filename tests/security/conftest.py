@@ -13,20 +13,14 @@ container those workers create.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.integration.conftest import Env, WorkerProcess, make_env
+from tests.integration.conftest import Env, WorkerProcess, make_env, start_worker
 from tests.integration.docker_fixtures import demo_image, docker_daemon  # noqa: F401 -- fixtures
 from worker.client import HarnessClient, StreamEvent
 
@@ -37,44 +31,9 @@ def start_scoped_worker(
     env: Env, *, loglevel: str = "info", extra_env: dict[str, str] | None = None
 ) -> WorkerProcess:
     """A real worker process for ``env`` (see the module docstring); ready when it returns."""
-    name = f"s{uuid.uuid4().hex[:6]}"
-    full_env = {**os.environ, **env.vars, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    log = env.tmp / f"{name}.log"
-    host_queue = env.settings().host_queue
-    r = env.redis()
-    r.hdel(env.keys.hosts(), host_queue)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.security.scoped_app",
-                "worker",
-                "-l",
-                loglevel,
-                "-n",
-                f"{name}@%h",
-                "--without-mingle",
-                "--without-gossip",
-            ],
-            cwd=ROOT,
-            env=full_env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    worker = WorkerProcess(proc, log, env, name)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited at start:\n{worker.logs()}")
-        if r.hexists(env.keys.hosts(), host_queue):
-            return worker
-        time.sleep(0.1)
-    worker.stop()
-    raise RuntimeError(f"worker did not become ready:\n{worker.logs()}")
+    return start_worker(
+        env, app="tests.security.scoped_app", loglevel=loglevel, extra_env=extra_env
+    )
 
 
 def docker_vars(**extra: str) -> dict[str, str]:
