@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters import coerce
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -98,14 +99,6 @@ def build_command(request: TurnRequest) -> Command:
     return Command(tuple(argv), stdin, env, files, cwd=request.workspace)
 
 
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _session(state: State) -> list[Event]:
     if state.session_sent or state.session_id is None:
         return []
@@ -115,12 +108,16 @@ def _session(state: State) -> list[Event]:
 
 
 def _activity(block: dict[str, Any]) -> SandboxActivity:
-    name = _str(block.get("name")) or "tool"
-    args = _dict(block.get("input"))
-    if name == "Bash" and _str(args.get("command")):
+    name = coerce.nonempty(block.get("name")) or "tool"
+    args = coerce.mapping(block.get("input"))
+    if name == "Bash" and coerce.nonempty(args.get("command")):
         return SandboxActivity(kind="command", description=args["command"])
     if name in _FILE_TOOLS:
-        path = _str(args.get("file_path")) or _str(args.get("notebook_path")) or ""
+        path = (
+            coerce.nonempty(args.get("file_path"))
+            or coerce.nonempty(args.get("notebook_path"))
+            or ""
+        )
         return SandboxActivity(kind="file", description=f"{name} {path}".strip())
     return SandboxActivity(kind="tool", description=name)
 
@@ -131,18 +128,20 @@ def _assistant(message: dict[str, Any], state: State) -> list[Event]:
         return []
     blocks = [b for b in body.get("content") or [] if isinstance(b, dict)]
     if body.get("model") == _SYNTHETIC_MODEL or message.get("is_api_error_message"):
-        texts = [b["text"] for b in blocks if b.get("type") == "text" and _str(b.get("text"))]
+        texts = [
+            b["text"] for b in blocks if b.get("type") == "text" and coerce.nonempty(b.get("text"))
+        ]
         state.api_error = "\n".join(texts) or state.api_error
         return []
-    state.model = _str(body.get("model")) or state.model
+    state.model = coerce.nonempty(body.get("model")) or state.model
     out = _session(state)
     for block in blocks:
-        if block.get("type") == "text" and _str(block.get("text")):
+        if block.get("type") == "text" and coerce.nonempty(block.get("text")):
             out.append(AssistantText(text=block["text"]))
         elif block.get("type") == "tool_use":
             out.append(_activity(block))
             if out[-1].type == "sandbox-activity" and out[-1].kind == "command":
-                state.commands[_str(block.get("id")) or ""] = out[-1].description
+                state.commands[coerce.nonempty(block.get("id")) or ""] = out[-1].description
     return out
 
 
@@ -158,17 +157,17 @@ def _denial(tool_id: str, name: str, message: str | None, state: State) -> list[
 def _system(message: dict[str, Any], state: State) -> list[Event]:
     subtype = message.get("subtype")
     if subtype == "init":
-        state.session_id = _str(message.get("session_id")) or state.session_id
+        state.session_id = coerce.nonempty(message.get("session_id")) or state.session_id
         return []
     if subtype == "permission_denied":
-        tool_id = _str(message.get("tool_use_id")) or ""
-        name = _str(message.get("tool_name")) or "tool"
-        return _denial(tool_id, name, _str(message.get("message")), state)
+        tool_id = coerce.nonempty(message.get("tool_use_id")) or ""
+        name = coerce.nonempty(message.get("tool_name")) or "tool"
+        return _denial(tool_id, name, coerce.nonempty(message.get("message")), state)
     if subtype == "api_retry":
         delay = _num(message.get("retry_delay_ms"))
         state.retry_delay_s = delay / 1000 if delay is not None else state.retry_delay_s
         status = message.get("error_status")
-        error = _str(message.get("error")) or ""
+        error = coerce.nonempty(message.get("error")) or ""
         if status in (401, 403) or error == "authentication_failed":
             # The CLI would retry a rejected key 10 times over minutes: end the turn now.
             detail = f"the model API rejected the credentials (HTTP {status}, {error})"
@@ -183,10 +182,6 @@ def _stale(state: State, detail: str, exit: ExitInfo | None = None) -> list[Even
     return [session_error(detail, "harness-error", exit_code=code, stderr_tail=tail)]
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and type(value) is not bool else None
 
@@ -195,7 +190,7 @@ def _cost(message: dict[str, Any], state: State) -> float | None:
     # On a resumed session total_cost_usd is the whole conversation's (2.1.328); this
     # invocation's is in model_usage_since_last_result.
     raw = message.get("model_usage_since_last_result")
-    since = [_num(v.get("costUSD")) for v in _dict(raw).values() if isinstance(v, dict)]
+    since = [_num(v.get("costUSD")) for v in coerce.mapping(raw).values() if isinstance(v, dict)]
     if since and None not in since:
         return sum(c or 0.0 for c in since)
     resumed = state.offered_session is not None and state.offered_session == state.session_id
@@ -203,13 +198,15 @@ def _cost(message: dict[str, Any], state: State) -> float | None:
 
 
 def _usage(message: dict[str, Any], state: State) -> Usage:
-    usage = _dict(message.get("usage"))
-    cached = _int(usage.get("cache_read_input_tokens"))
+    usage = coerce.mapping(message.get("usage"))
+    cached = coerce.count(usage.get("cache_read_input_tokens"))
     # Anthropic counts cache reads and writes apart from input_tokens; ours includes them.
-    fresh = _int(usage.get("input_tokens")) + _int(usage.get("cache_creation_input_tokens"))
+    fresh = coerce.count(usage.get("input_tokens")) + coerce.count(
+        usage.get("cache_creation_input_tokens")
+    )
     return Usage(
         input_tokens=fresh + cached,
-        output_tokens=_int(usage.get("output_tokens")),
+        output_tokens=coerce.count(usage.get("output_tokens")),
         cached_input_tokens=cached,
         cost_usd=_cost(message, state),
     )
@@ -217,19 +214,22 @@ def _usage(message: dict[str, Any], state: State) -> Usage:
 
 def _result(message: dict[str, Any], state: State) -> list[Event]:
     errors = [e for e in message.get("errors") or [] if isinstance(e, str)]
-    text = _str(message.get("result")) or ""
+    text = coerce.nonempty(message.get("result")) or ""
     failed = message.get("is_error") is True  # 2.1.328 can say subtype "success" with it
     if failed and any(_STALE.search(e) for e in [*errors, text]):
         return _stale(state, "; ".join(errors) or text)
-    state.session_id = state.session_id or _str(message.get("session_id"))
+    state.session_id = state.session_id or coerce.nonempty(message.get("session_id"))
     out = _session(state)
     usage = _usage(message, state)
     if usage.input_tokens or usage.output_tokens or usage.cost_usd:
         out.append(usage)
     for denial in message.get("permission_denials") or []:
         if isinstance(denial, dict):
-            tool_id, name = _str(denial.get("tool_use_id")) or "", _str(denial.get("tool_name"))
-            command = _str(_dict(denial.get("tool_input")).get("command"))
+            tool_id, name = (
+                coerce.nonempty(denial.get("tool_use_id")) or "",
+                coerce.nonempty(denial.get("tool_name")),
+            )
+            command = coerce.nonempty(coerce.mapping(denial.get("tool_input")).get("command"))
             if name == "Bash" and command:
                 state.commands.setdefault(tool_id, command)
             out += _denial(tool_id, name or "tool", None, state)

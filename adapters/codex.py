@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters import coerce
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -119,33 +120,29 @@ def build_command(request: TurnRequest) -> Command:
     )
 
 
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _item(item: dict[str, Any], state: State) -> list[Event]:
     kind = item.get("type")
     if kind == "agent_message":
-        text = _str(item.get("text"))
+        text = coerce.nonempty(item.get("text"))
         if text is None:
             return []
         state.answer = text
         return [AssistantText(text=text)]
-    item_id = _str(item.get("id")) or ""
+    item_id = coerce.nonempty(item.get("id")) or ""
     if item_id and item_id in state.seen_items:
         return []
     if kind == "command_execution":
-        activity = SandboxActivity(kind="command", description=_str(item.get("command")) or "")
+        activity = SandboxActivity(
+            kind="command", description=coerce.nonempty(item.get("command")) or ""
+        )
     elif kind == "file_change":
         changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
         paths = ", ".join(f"{c.get('kind', 'update')} {c.get('path', '')}" for c in changes)
         activity = SandboxActivity(kind="file", description=paths or "file change")
     elif kind == "mcp_tool_call":
-        name = ".".join(s for s in (_str(item.get("server")), _str(item.get("tool"))) if s)
+        name = ".".join(
+            s for s in (coerce.nonempty(item.get("server")), coerce.nonempty(item.get("tool"))) if s
+        )
         activity = SandboxActivity(kind="tool", description=name or "mcp tool")
     elif kind == "web_search":
         activity = SandboxActivity(kind="tool", description=f"web_search {item.get('query', '')}")
@@ -159,10 +156,10 @@ def _item(item: dict[str, Any], state: State) -> list[Event]:
 def _completed(message: dict[str, Any], state: State) -> list[Event]:
     raw = message.get("usage")
     usage: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    totals = {name: _int(usage.get(name)) for name in _TOTALS}
+    totals = {name: coerce.count(usage.get(name)) for name in _TOTALS}
     # The thread's running total: subtract what earlier turns of this run already counted.
     prior = state.prior if state.prior.get("thread_id") == state.session_id else {}
-    turn = {name: max(totals[name] - _int(prior.get(name)), 0) for name in _TOTALS}
+    turn = {name: max(totals[name] - coerce.count(prior.get(name)), 0) for name in _TOTALS}
     state.carry = {"thread_id": state.session_id, **totals}
     return [
         Usage(
@@ -183,7 +180,7 @@ def _completed(message: dict[str, Any], state: State) -> list[Event]:
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
     kind = message.get("type")
     if kind == "thread.started":
-        thread_id = _str(message.get("thread_id"))
+        thread_id = coerce.nonempty(message.get("thread_id"))
         if thread_id is None or state.session_id is not None:
             return []
         state.session_id = thread_id
@@ -193,14 +190,18 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         item = message.get("item")
         return _item(item, state) if isinstance(item, dict) else []
     if kind == "error":
-        state.last_error = _str(message.get("message")) or state.last_error
+        state.last_error = coerce.nonempty(message.get("message")) or state.last_error
         return []
     if kind == "turn.completed":
         return _completed(message, state)
     if kind == "turn.failed":
         raw = message.get("error")
         error = raw if isinstance(raw, dict) else {}
-        detail = _str(error.get("message")) or state.last_error or "codex reported a failed turn"
+        detail = (
+            coerce.nonempty(error.get("message"))
+            or state.last_error
+            or "codex reported a failed turn"
+        )
         return [error_event(detail)]
     return []
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters import coerce
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -133,22 +134,10 @@ def build_command(request: TurnRequest) -> Command:
     )
 
 
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _tool(message: dict[str, Any]) -> SandboxActivity:
-    name = _str(message.get("tool_name")) or "tool"
-    args = _dict(message.get("parameters"))
-    if name == "run_shell_command" and _str(args.get("command")):
+    name = coerce.nonempty(message.get("tool_name")) or "tool"
+    args = coerce.mapping(message.get("parameters"))
+    if name == "run_shell_command" and coerce.nonempty(args.get("command")):
         return SandboxActivity(kind="command", description=args["command"])
     if name in _FILE_TOOLS:
         return SandboxActivity(kind="file", description=f"{name} {args.get('file_path', '')}")
@@ -158,20 +147,26 @@ def _tool(message: dict[str, Any]) -> SandboxActivity:
 def _used_model(stats: dict[str, Any]) -> str | None:
     # Keyed by the model that answered; with the router on, a classifier model shows up
     # too: the one that spent the most tokens did the work. None when nothing answered.
-    models = {k: _int(_dict(v).get("total_tokens")) for k, v in _dict(stats.get("models")).items()}
+    models = {
+        k: coerce.count(coerce.mapping(v).get("total_tokens"))
+        for k, v in coerce.mapping(stats.get("models")).items()
+    }
     models = {k: v for k, v in models.items() if v}
     return max(models, key=lambda k: models[k]) if models else None
 
 
 def _result(message: dict[str, Any], state: State) -> list[Event]:
-    stats = _dict(message.get("stats"))
+    stats = coerce.mapping(message.get("stats"))
     state.model = _used_model(stats) or state.model
     out: list[Event] = []
     if state.session_id is not None:
         resumed = state.offered_session is not None and state.session_id == state.offered_session
         out.append(Session(session_id=state.session_id, resumed=resumed, model=state.model))
-    cached = _int(stats.get("cached"))
-    input_tokens, output_tokens = _int(stats.get("input_tokens")), _int(stats.get("output_tokens"))
+    cached = coerce.count(stats.get("cached"))
+    input_tokens, output_tokens = (
+        coerce.count(stats.get("input_tokens")),
+        coerce.count(stats.get("output_tokens")),
+    )
     if input_tokens or output_tokens:
         out.append(
             Usage(
@@ -179,8 +174,10 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
             )
         )
     if message.get("status") != "success":
-        error = _dict(message.get("error"))
-        detail = _str(error.get("message")) or state.last_error or "gemini reported an error"
+        error = coerce.mapping(message.get("error"))
+        detail = (
+            coerce.nonempty(error.get("message")) or state.last_error or "gemini reported an error"
+        )
         return [*out, error_event(detail)]
     out.append(
         TurnComplete(
@@ -197,10 +194,10 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
     kind = message.get("type")
     if kind == "init":
-        state.session_id = _str(message.get("session_id")) or state.session_id
+        state.session_id = coerce.nonempty(message.get("session_id")) or state.session_id
         return []
     if kind == "message" and message.get("role") == "assistant":
-        text = _str(message.get("content"))
+        text = coerce.nonempty(message.get("content"))
         if text is None:
             return []
         state.answer.append(text)
@@ -212,7 +209,7 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         state.answer.clear()
         return []
     if kind == "error":
-        state.last_error = _str(message.get("message")) or state.last_error
+        state.last_error = coerce.nonempty(message.get("message")) or state.last_error
         return []
     if kind == "result":
         return _result(message, state)

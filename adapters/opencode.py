@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters import coerce
 from adapters.errors import classify
 from adapters.events import (
     ActivityKind,
@@ -162,20 +163,8 @@ def build_command(request: TurnRequest) -> Command:
     return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def _retry_after(headers: dict[str, Any]) -> float | None:
-    lower = {str(k).lower(): _str(v).strip() for k, v in headers.items()}
+    lower = {str(k).lower(): coerce.text(v).strip() for k, v in headers.items()}
     if lower.get("retry-after-ms", "").isdigit():
         return int(lower["retry-after-ms"]) / 1000
     seconds = lower.get("retry-after", "")
@@ -183,14 +172,14 @@ def _retry_after(headers: dict[str, Any]) -> float | None:
 
 
 def _error(message: dict[str, Any]) -> Event:
-    error = _dict(message.get("error"))
-    data = _dict(error.get("data"))
-    name = _str(error.get("name")) or "error"
-    text = _str(data.get("message")) or name
+    error = coerce.mapping(message.get("error"))
+    data = coerce.mapping(error.get("data"))
+    name = coerce.text(error.get("name")) or "error"
+    text = coerce.text(data.get("message")) or name
     status = 401 if name == "ProviderAuthError" else data.get("statusCode")
     status = status if isinstance(status, int) else None
-    delay = _retry_after(_dict(data.get("responseHeaders")))
-    found = classify(f"{text} {_str(data.get('responseBody'))}", status, retry_after_s=delay)
+    delay = _retry_after(coerce.mapping(data.get("responseHeaders")))
+    found = classify(f"{text} {coerce.text(data.get('responseBody'))}", status, retry_after_s=delay)
     retryable = found.retryable
     if found.reason == "harness-error" and isinstance(data.get("isRetryable"), bool):
         retryable = data["isRetryable"]  # opencode gives up only after its own retries
@@ -202,31 +191,33 @@ def _error(message: dict[str, Any]) -> Event:
 
 
 def _activity(part: dict[str, Any]) -> SandboxActivity:
-    tool = _str(part.get("tool")) or "tool"
-    state = _dict(part.get("state"))
-    args = _dict(state.get("input"))
+    tool = coerce.text(part.get("tool")) or "tool"
+    state = coerce.mapping(part.get("state"))
+    args = coerce.mapping(state.get("input"))
     kind: ActivityKind = "tool"
-    description = f"{tool} {_str(state.get('title'))}"
+    description = f"{tool} {coerce.text(state.get('title'))}"
     if tool == "bash":
-        kind, description = "command", _str(args.get("command"))
+        kind, description = "command", coerce.text(args.get("command"))
     elif tool in _FILE_TOOLS:
-        path = _str(args.get("filePath")) or _str(state.get("title"))
+        path = coerce.text(args.get("filePath")) or coerce.text(state.get("title"))
         kind, description = "file", f"{tool} {path}"
     if state.get("status") == "error":  # only terminal states are printed: completed or error
-        reason = (_str(state.get("error")).strip().splitlines() or ["error"])[0]
+        reason = (coerce.text(state.get("error")).strip().splitlines() or ["error"])[0]
         description += f" (failed: {reason[:200]})"
     return SandboxActivity(kind=kind, description=description.strip() or tool)
 
 
 def _usage(part: dict[str, Any], state: State) -> Usage:
-    tokens = _dict(part.get("tokens"))
-    cache = _dict(tokens.get("cache"))
+    tokens = coerce.mapping(part.get("tokens"))
+    cache = coerce.mapping(tokens.get("cache"))
     cost = part.get("cost")
     usage = Usage(
         # opencode's input leaves out cache reads and writes, its output the reasoning.
-        input_tokens=_int(tokens.get("input")) + _int(cache.get("read")) + _int(cache.get("write")),
-        output_tokens=_int(tokens.get("output")) + _int(tokens.get("reasoning")),
-        cached_input_tokens=_int(cache.get("read")),
+        input_tokens=coerce.count(tokens.get("input"))
+        + coerce.count(cache.get("read"))
+        + coerce.count(cache.get("write")),
+        output_tokens=coerce.count(tokens.get("output")) + coerce.count(tokens.get("reasoning")),
+        cached_input_tokens=coerce.count(cache.get("read")),
         cost_usd=float(cost) if state.priced and isinstance(cost, int | float) else None,
     )
     state.input_tokens += usage.input_tokens
@@ -242,25 +233,25 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     if state.session_id is None and isinstance(session_id, str) and session_id:
         state.session_id = session_id
         events.append(Session(session_id=session_id, resumed=session_id == state.offered_session))
-    kind, part = message.get("type"), _dict(message.get("part"))
+    kind, part = message.get("type"), coerce.mapping(message.get("part"))
     if kind == "step_start":
         state.step_texts, state.last_reason = [], None
-    elif kind == "text" and _str(part.get("text")):  # a whole text part, not a delta
+    elif kind == "text" and coerce.text(part.get("text")):  # a whole text part, not a delta
         state.step_texts.append(part["text"])
         events.append(AssistantText(text=part["text"]))
     elif kind == "tool_use":
         activity = _activity(part)
         events.append(activity)
-        tool_state = _dict(part.get("state"))
+        tool_state = coerce.mapping(part.get("state"))
         # An "ask" that `opencode run` auto-rejected: the turn ends after it, with exit 0.
-        if "rejected permission" in _str(tool_state.get("error")):
+        if "rejected permission" in coerce.text(tool_state.get("error")):
             state.rejected = activity.description
-            command = _str(_dict(tool_state.get("input")).get("command")) or None
-            call_id = _str(part.get("callID"))
+            command = coerce.text(coerce.mapping(tool_state.get("input")).get("command")) or None
+            call_id = coerce.text(part.get("callID"))
             events.append(PermissionRequest(request_id=call_id, description=state.rejected,
                                             command=command))  # fmt: skip
     elif kind == "step_finish":
-        state.last_reason = _str(part.get("reason")) or None
+        state.last_reason = coerce.text(part.get("reason")) or None
         events.append(_usage(part, state))
     elif kind == "error":  # printed once opencode has given up; it then exits 1
         events.append(_error(message))

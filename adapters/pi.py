@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters import coerce
 from adapters.errors import classify
 from adapters.events import (
     ActivityKind,
@@ -138,18 +139,6 @@ def build_command(request: TurnRequest) -> Command:
     return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def _session(state: State) -> list[Event]:
     if state.announced or state.session_id is None:
         return []
@@ -174,12 +163,14 @@ def _error(text: str, exit_code: int | None = None, stderr: str = "") -> Event:
 
 
 def _usage(usage: dict[str, Any], state: State) -> list[Event]:
-    cached = _int(usage.get("cacheRead"))
-    cost = _dict(usage.get("cost")).get("total")
+    cached = coerce.count(usage.get("cacheRead"))
+    cost = coerce.mapping(usage.get("cost")).get("total")
     event = Usage(
         # pi's input leaves out cache reads and writes; ours is the whole prompt.
-        input_tokens=_int(usage.get("input")) + cached + _int(usage.get("cacheWrite")),
-        output_tokens=_int(usage.get("output")),
+        input_tokens=coerce.count(usage.get("input"))
+        + cached
+        + coerce.count(usage.get("cacheWrite")),
+        output_tokens=coerce.count(usage.get("output")),
         cached_input_tokens=cached,
         cost_usd=float(cost) if state.priced and isinstance(cost, int | float) else None,
     )
@@ -195,15 +186,17 @@ def _usage(usage: dict[str, Any], state: State) -> list[Event]:
 def _assistant(message: dict[str, Any], state: State) -> list[Event]:
     """An assistant message_end: its text, its usage (read only here: every message_update
     repeats the running partial usage), its stop reason."""
-    state.model = _str(message.get("model")) or state.model
+    state.model = coerce.text(message.get("model")) or state.model
     events = _session(state)
-    blocks = [_dict(b) for b in message.get("content") or []]
-    state.last_text = "".join(_str(b.get("text")) for b in blocks if b.get("type") == "text")
+    blocks = [coerce.mapping(b) for b in message.get("content") or []]
+    state.last_text = "".join(coerce.text(b.get("text")) for b in blocks if b.get("type") == "text")
     if state.last_text:
         events.append(AssistantText(text=state.last_text))
-    events += _usage(_dict(message.get("usage")), state)
-    reason = _str(message.get("stopReason"))
-    state.failure = (_str(message.get("errorMessage")) or reason) if reason in _FAILED else None
+    events += _usage(coerce.mapping(message.get("usage")), state)
+    reason = coerce.text(message.get("stopReason"))
+    state.failure = (
+        (coerce.text(message.get("errorMessage")) or reason) if reason in _FAILED else None
+    )
     return events
 
 
@@ -211,27 +204,32 @@ def _activity(tool: str, args: dict[str, Any], failed: bool) -> SandboxActivity:
     kind: ActivityKind = "tool"
     description = f"{tool} {json.dumps(args, ensure_ascii=False)[:200]}"
     if tool == "bash":
-        kind, description = "command", _str(args.get("command"))
+        kind, description = "command", coerce.text(args.get("command"))
     elif tool in ("edit", "write"):
-        kind, description = "file", f"{tool} {_str(args.get('path'))}"
+        kind, description = "file", f"{tool} {coerce.text(args.get('path'))}"
     return SandboxActivity(kind=kind, description=description + (" (failed)" if failed else ""))
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
     kind = message.get("type")
-    if kind == "session" and state.session_id is None and _str(message.get("id")):
+    if kind == "session" and state.session_id is None and coerce.text(message.get("id")):
         state.session_id = message["id"]  # the header; the model comes with the first reply
-    elif kind == "message_start" and _dict(message.get("message")).get("role") == "assistant":
-        state.model = _str(message["message"].get("model")) or state.model
+    elif (
+        kind == "message_start"
+        and coerce.mapping(message.get("message")).get("role") == "assistant"
+    ):
+        state.model = coerce.text(message["message"].get("model")) or state.model
         return _session(state)
-    elif kind == "message_end" and _dict(message.get("message")).get("role") == "assistant":
+    elif (
+        kind == "message_end" and coerce.mapping(message.get("message")).get("role") == "assistant"
+    ):
         return _assistant(message["message"], state)
     elif kind == "tool_execution_start":
-        call = (_str(message.get("toolName")), _dict(message.get("args")))
-        state.tool_calls[_str(message.get("toolCallId"))] = call
+        call = (coerce.text(message.get("toolName")), coerce.mapping(message.get("args")))
+        state.tool_calls[coerce.text(message.get("toolCallId"))] = call
     elif kind == "tool_execution_end":
-        tool, args = state.tool_calls.pop(_str(message.get("toolCallId")), ("", {}))
-        name = _str(message.get("toolName")) or tool or "tool"
+        tool, args = state.tool_calls.pop(coerce.text(message.get("toolCallId")), ("", {}))
+        name = coerce.text(message.get("toolName")) or tool or "tool"
         return [_activity(name, args, message.get("isError") is True)]
     elif kind == "agent_end" and state.failure is None:
         # Final unless the last reply failed: then pi may retry (auto_retry_start follows).
@@ -245,7 +243,7 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         )
         return [*_session(state), complete]
     elif kind == "auto_retry_end" and message.get("success") is False:
-        text = _str(message.get("finalError")) or state.failure or "the model call failed"
+        text = coerce.text(message.get("finalError")) or state.failure or "the model call failed"
         return [*_session(state), _error(text)]
     return []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters import coerce
 from adapters.events import (
     AssistantText,
     Event,
@@ -73,14 +74,6 @@ def build_command(request: TurnRequest) -> Command:
     )
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
     kind = message.get("type")
     if kind == "session":
@@ -93,14 +86,14 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         resumed = state.offered_session is not None and session_id == state.offered_session
         return [Session(session_id=session_id, resumed=resumed, model=state.model)]
     if kind == "text":
-        text = _text(message.get("text"))
+        text = coerce.text(message.get("text"))
         return [AssistantText(text=text)] if text else []
     if kind == "activity":
         activity = message.get("kind")
         return [
             SandboxActivity(
                 kind=activity if activity in _ACTIVITY_KINDS else "other",
-                description=_text(message.get("description")),
+                description=coerce.text(message.get("description")),
             )
         ]
     if kind == "permission":
@@ -108,16 +101,16 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         return [
             PermissionRequest(
                 request_id=str(message.get("id", "")),
-                description=_text(message.get("description")),
+                description=coerce.text(message.get("description")),
                 command=command if isinstance(command, str) else None,
             )
         ]
     if kind == "usage":
         cost = message.get("cost_usd")
         usage = Usage(
-            input_tokens=_int(message.get("input_tokens")),
-            output_tokens=_int(message.get("output_tokens")),
-            cached_input_tokens=_int(message.get("cached_input_tokens")),
+            input_tokens=coerce.count(message.get("input_tokens")),
+            output_tokens=coerce.count(message.get("output_tokens")),
+            cached_input_tokens=coerce.count(message.get("cached_input_tokens")),
             cost_usd=float(cost)
             if isinstance(cost, int | float) and not isinstance(cost, bool)
             else None,
@@ -130,7 +123,7 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     if kind == "complete":
         return [
             TurnComplete(
-                text=_text(message.get("text")),
+                text=coerce.text(message.get("text")),
                 session_id=state.session_id,
                 model=state.model,
                 input_tokens=state.input_tokens,
@@ -139,7 +132,7 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
             )
         ]
     if kind == "error":
-        error = _text(message.get("message")) or "the harness reported an error"
+        error = coerce.text(message.get("message")) or "the harness reported an error"
         if state.offered_session is not None and message.get("code") == "session-not-found":
             state.resume_rejected = True
         return [session_error(error, "harness-error")]
