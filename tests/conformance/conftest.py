@@ -9,6 +9,8 @@
 - ``run_live_turn(harness_id, request, *, placement=None, secrets=None, timeout=120)``: one
   turn through the adapter, the local sandbox and the stream driver; returns a
   :class:`LiveTurn`.
+- ``api_error`` (parametrised): each of the fake API's error scenarios in turn, as an
+  :class:`ApiError` that says how a turn meeting it must end.
 
 Every test under ``tests/conformance`` is marked ``conformance``.
 """
@@ -32,6 +34,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `tests.fakemodel` is imported as a package from the repo root
     sys.path.insert(0, str(REPO))
+# The shared scenarios assert too: a failing check shows the values it compared.
+pytest.register_assert_rewrite("tests.conformance.shared_scenarios")
 
 import adapters  # noqa: E402
 from adapters.events import Event, SessionError, TurnComplete, session_error  # noqa: E402
@@ -39,7 +43,7 @@ from adapters.protocol import Command, ExitInfo, TurnRequest  # noqa: E402
 from adapters.stream import STDERR_TAIL_CHARS, StreamDriver  # noqa: E402
 from sandbox.base import ExecSpec, Placement, RunSpec  # noqa: E402
 from sandbox.local import LocalSandbox  # noqa: E402
-from tests.fakemodel import FakeModelServer, RecordedRequest  # noqa: E402
+from tests.fakemodel import RETRY_AFTER_S, FakeModelServer, RecordedRequest  # noqa: E402
 from tests.fakemodel.clis import FAKE_KEY  # noqa: E402
 
 #: Granted secrets a turn gets when the test passes none: the variables each CLI (or the
@@ -120,6 +124,32 @@ def fake_model(fake_model_server: FakeModelServer) -> Iterator[FakeModelServer]:
     fake_model_server.reset()
     yield fake_model_server
     fake_model_server.reset()
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """One of the fake API's error scenarios and how a turn that meets it must end."""
+
+    scenario: str
+    reason: str
+    retryable: bool
+    retry_after_s: float | None = None
+    """The delay the fake API asks the client to wait."""
+
+
+API_ERRORS = (
+    ApiError("http-429", "rate-limited", True, retry_after_s=RETRY_AFTER_S),
+    ApiError("http-401", "auth", False),
+    ApiError("quota", "quota", False),
+    ApiError("http-500", "harness-error", True),
+)
+
+
+@pytest.fixture(params=API_ERRORS, ids=lambda error: error.scenario)
+def api_error(request: pytest.FixtureRequest) -> ApiError:
+    """Each of the fake API's error scenarios in turn (a test using it runs once for each)."""
+    error: ApiError = request.param
+    return error
 
 
 # --------------------------------------------------------------------------- live turns

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adapters.events import Event
-from adapters.protocol import Adapter, ExitInfo, TurnRequest
+from adapters.protocol import Adapter, Command, ExitInfo, TurnRequest
 from adapters.stream import StreamDriver
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+MIB = 1024 * 1024
+#: Linux's limit on one argv element (MAX_ARG_STRLEN): no argument may come near it.
+ARG_MAX_STRLEN = 128 * 1024
 
 
 def fixture_dir(harness_id: str) -> Path:
@@ -100,21 +105,128 @@ def by_type(events: list[Any], kind: str) -> list[Any]:
     return [e for e in events if e.type == kind]
 
 
+def event_types(events: list[Event]) -> list[str]:
+    return [event.type for event in events]
+
+
+#: The events of a turn answered in one reply, in order.
+ONE_REPLY_TURN = ["turn-started", "session", "assistant-text", "usage", "turn-complete"]
+
+
 def terminal_count(events: list[Event]) -> int:
     return sum(1 for event in events if event.terminal)
+
+
+def assert_kept_stream_rules(events: list[Event], driver: StreamDriver) -> None:
+    """The rules every adapter must keep on any input: the mapper never raises, the turn
+    starts with ``turn-started`` and ends with exactly one terminal event, its last."""
+    assert driver.counters.mapper_errors == 0, driver.last_mapper_error
+    assert events[0].type == "turn-started"
+    assert terminal_count(events) == 1
+    assert events[-1].terminal
 
 
 def assert_stream_rules(
     adapter: Adapter, request: TurnRequest, data: bytes | list[bytes], exit: ExitInfo
 ) -> list[Event]:
-    """The rules every adapter must keep on any input: the mapper never raises, the turn
-    starts with ``turn-started`` and ends with exactly one terminal event, its last."""
+    """Replay ``data`` and check :func:`assert_kept_stream_rules` on what it made."""
     events, driver = replay(adapter, request, data, exit)
-    assert driver.counters.mapper_errors == 0, driver.last_mapper_error
-    assert events[0].type == "turn-started"
-    assert terminal_count(events) == 1
-    assert events[-1].terminal
+    assert_kept_stream_rules(events, driver)
     return events
+
+
+def json_lines(*messages: Any) -> list[bytes]:
+    """Messages as the stdout lines of a harness (one JSON document each)."""
+    return [json.dumps(message).encode() for message in messages]
+
+
+def assert_input_rides_on_stdin(command: Command, text: str) -> None:
+    """The turn's input reaches the harness whole on stdin, never in argv, and no argv
+    element comes near the kernel's limit for one argument."""
+    assert command.stdin == text.encode()
+    assert text not in command.argv
+    assert all(len(arg.encode()) < ARG_MAX_STRLEN for arg in command.argv)
+
+
+def offered_session_fields(harness_id: str, scenario: str) -> dict[str, Any]:
+    """Request fields for replaying a recording: input ``q``, offering the session the
+    recorded turn offered (none for a name that is not a recorded scenario)."""
+    return {"input": "q", "resume_session": meta(harness_id, scenario).get("resume_session")}
+
+
+def adapter_command_fields(harness_id: str, scenario: str) -> dict[str, Any]:
+    """Request fields for replaying a recording as it was made: its stdin and offered
+    session and, when it was recorded with this adapter's command, the adapter's provider
+    for the fake server (a base URL and a model)."""
+    recorded = meta(harness_id, scenario)
+    fields: dict[str, Any] = {
+        "input": recorded.get("stdin", "q"),
+        "resume_session": recorded.get("resume_session"),
+    }
+    if str(recorded.get("command_source", "")).startswith("adapter"):
+        fields.update(base_url="http://127.0.0.1:1/v1", model="fake-model")
+    return fields
+
+
+#: The recorded turn of every harness that offers a session the harness never issued.
+STALE_SESSION_SCENARIO = "badresume"
+
+
+@dataclass(frozen=True)
+class RecordedHarness:
+    """One harness's recorded streams and how to replay them, with the facts about the
+    harness that the shared tests of ``test_every_adapter.py`` need: declared in the
+    harness's own test file."""
+
+    adapter: Adapter
+    request_fields: Callable[[str, str], dict[str, Any]]
+    """``(harness_id, scenario)`` → the ``TurnRequest`` fields the scenario is replayed with
+    (a name that is no recorded scenario stands for a made-up turn)."""
+    session: str
+    """A session id the harness issued in its recordings."""
+    carries: tuple[Mapping[str, Any], ...] = ({},)
+    """What earlier turns of a run may have left in ``carry`` (sane or not)."""
+
+    @property
+    def harness_id(self) -> str:
+        return self.adapter.HARNESS_ID
+
+    def scenarios(self) -> list[str]:
+        return scenarios(self.harness_id)
+
+    def request_for(self, scenario: str, **changes: Any) -> TurnRequest:
+        return TurnRequest(**{**self.request_fields(self.harness_id, scenario), **changes})
+
+    def recorded_exit(self, scenario: str) -> ExitInfo:
+        return exit_info(self.harness_id, scenario)
+
+    @property
+    def stale_session(self) -> str:
+        """The session offered in the ``badresume`` recording (every harness has one): an id
+        the harness never issued. That recording's stderr and exit say how the CLI refuses it."""
+        stale: str = meta(self.harness_id, STALE_SESSION_SCENARIO)["resume_session"]
+        return stale
+
+    def run(
+        self, scenario: str, exit: ExitInfo | None = None, **changes: Any
+    ) -> tuple[list[Event], StreamDriver]:
+        """Replay a recorded scenario with the request it was recorded with (``changes``
+        applied) and its recorded end (or ``exit``)."""
+        return replay(
+            self.adapter,
+            self.request_for(scenario, **changes),
+            stdout_bytes(self.harness_id, scenario),
+            exit if exit is not None else self.recorded_exit(scenario),
+        )
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Every JSON object the harness wrote in its recordings, in order."""
+        return [
+            json.loads(line)
+            for scenario in self.scenarios()
+            for line in stdout_lines(self.harness_id, scenario)
+            if line.startswith(b"{")
+        ]
 
 
 def json_values() -> Any:

@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import json
-import random
 import tomllib
 from typing import Any
 
 import pytest
 from helpers import (
-    assert_stream_rules,
+    MIB,
+    RecordedHarness,
+    assert_input_rides_on_stdin,
     by_type,
-    check_golden,
-    event_dicts,
-    exit_info,
-    fixture_dir,
-    json_values,
+    json_lines,
     meta,
-    mutated,
+    offered_session_fields,
     replay,
-    scenarios,
-    stdout_bytes,
-    stdout_lines,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from adapters import codex as adapter
 from adapters.events import SandboxActivity, SessionError, TurnComplete
@@ -32,8 +24,6 @@ from adapters.protocol import ExitInfo, TurnRequest
 
 HARNESS = adapter.HARNESS_ID
 THREAD = "01a22a13-bdde-71e0-a584-8dfac2ce7871"
-MIB = 1024 * 1024
-ARG_MAX_STRLEN = 128 * 1024
 #: What the recorded first turn (tool) left for the recorded second turn (resume).
 AFTER_TOOL = {
     "thread_id": THREAD,
@@ -47,63 +37,29 @@ CARRY = {
     "ref-resume": AFTER_TOOL,
     "resume": {"thread_id": meta(HARNESS, "resume").get("resume_session"), **RECORDED_FIRST},
 }
+OTHER_THREAD = "01a22a00-0000-7000-8000-000000000000"
 
 
-def request_for(scenario: str, **changes: Any) -> TurnRequest:
-    fields: dict[str, Any] = {
-        "input": "q",
-        "resume_session": meta(HARNESS, scenario).get("resume_session"),
-        "carry": CARRY.get(scenario, {}),
-    }
-    return TurnRequest(**{**fields, **changes})
+def request_fields(harness_id: str, scenario: str) -> dict[str, Any]:
+    """As recorded, with what the thread's recorded earlier turn left in ``carry``."""
+    return {**offered_session_fields(harness_id, scenario), "carry": CARRY.get(scenario, {})}
 
 
-def run(scenario: str, **changes: Any) -> tuple[list[Any], Any]:
-    return replay(
-        adapter,
-        request_for(scenario, **changes),
-        stdout_bytes(HARNESS, scenario),
-        exit_info(HARNESS, scenario),
-    )
+RECORDED = RecordedHarness(
+    adapter=adapter,
+    request_fields=request_fields,
+    session=THREAD,
+    carries=({}, AFTER_TOOL, {"thread_id": 5, "input_tokens": "x"}),
+)
+request_for = RECORDED.request_for
+run = RECORDED.run
 
 
 def config(command: Any, home: str = "/workspace/.home") -> dict[str, Any]:
     return tomllib.loads(command.files[f"{home}/.codex/config.toml"])
 
 
-# --- recorded streams -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("scenario", scenarios(HARNESS))
-def test_recorded_stream_maps_to_golden_events(scenario: str) -> None:
-    events, driver = run(scenario)
-    state = driver.state
-    check_golden(
-        fixture_dir(HARNESS) / f"{scenario}.events.json",
-        {
-            "events": event_dicts(events),
-            "state": {
-                "session_id": state.session_id,
-                "model": state.model,
-                "resume_rejected": state.resume_rejected,
-                "carry": state.carry,
-            },
-            "counters": driver.counters.as_dict(),
-        },
-    )
-
-
-@pytest.mark.parametrize("scenario", scenarios(HARNESS))
-def test_recorded_stream_maps_the_same_when_fed_in_small_chunks(scenario: str) -> None:
-    whole, _ = run(scenario)
-    chunked, _ = replay(
-        adapter,
-        request_for(scenario),
-        stdout_bytes(HARNESS, scenario),
-        exit_info(HARNESS, scenario),
-        5,
-    )
-    assert event_dicts(chunked) == event_dicts(whole)
+# --- recorded streams (what every harness must do is in test_every_adapter.py) -----------
 
 
 def test_tool_turn_reports_thread_command_and_final_answer_without_model() -> None:
@@ -142,13 +98,13 @@ def test_resumed_turn_subtracts_what_earlier_turns_of_the_thread_counted() -> No
 
 
 def test_running_total_is_not_subtracted_when_carry_is_from_another_thread() -> None:
-    other = {**AFTER_TOOL, "thread_id": "01a22a00-0000-7000-8000-000000000000"}
+    other = {**AFTER_TOOL, "thread_id": OTHER_THREAD}
     events, _ = run("ref-resume", carry=other)
     assert by_type(events, "usage")[0].input_tokens == 963
 
 
 def test_resumed_is_false_when_cli_starts_another_thread() -> None:
-    events, _ = run("ref-tool", resume_session="01a22a00-0000-7000-8000-000000000000")
+    events, _ = run("ref-tool", resume_session=OTHER_THREAD)
     assert by_type(events, "session")[0].resumed is False
 
 
@@ -159,21 +115,6 @@ def test_auth_failure_is_classified_from_turn_failed() -> None:
     assert (terminal.reason, terminal.retryable) == ("auth", False)
     assert "401 Unauthorized" in terminal.error
     assert len(by_type(events, "session-error")) == 1  # "Reconnecting..." lines are not terminal
-
-
-def test_stale_thread_sets_resume_rejected_from_stderr() -> None:
-    tail = (
-        "Error: thread/resume: thread/resume failed: no rollout found for thread id "
-        f"{THREAD} (code -32600)\n"
-    )
-    events, driver = replay(
-        adapter,
-        request_for("x", resume_session=THREAD),
-        b"",
-        ExitInfo(exit_code=1, stderr_tail=tail),
-    )
-    assert driver.state.resume_rejected is True
-    assert isinstance(events[-1], SessionError) and events[-1].exit_code == 1
 
 
 @pytest.mark.parametrize(
@@ -189,17 +130,13 @@ def test_stale_thread_sets_resume_rejected_from_stderr() -> None:
 )
 def test_turn_failed_is_classified(message: str, reason: str) -> None:
     line = {"type": "turn.failed", "error": {"message": message}}
-    events, _ = replay(
-        adapter, request_for("x"), [json.dumps(line).encode()], ExitInfo(exit_code=1)
-    )
+    events, _ = replay(adapter, request_for("x"), json_lines(line), ExitInfo(exit_code=1))
     assert events[-1].reason == reason
 
 
 def test_exit_after_error_line_without_turn_failed_is_classified_from_it() -> None:
     line = {"type": "error", "message": "unexpected status 429 Too Many Requests"}
-    events, _ = replay(
-        adapter, request_for("x"), [json.dumps(line).encode()], ExitInfo(exit_code=1)
-    )
+    events, _ = replay(adapter, request_for("x"), json_lines(line), ExitInfo(exit_code=1))
     assert (events[-1].reason, events[-1].exit_code) == ("rate-limited", 1)
 
 
@@ -237,46 +174,11 @@ def test_file_change_and_mcp_items_become_activity_once() -> None:
             },
         },
     ]
-    events, _ = replay(
-        adapter, request_for("x"), [json.dumps(x).encode() for x in lines], ExitInfo(exit_code=0)
-    )
+    events, _ = replay(adapter, request_for("x"), json_lines(*lines), ExitInfo(exit_code=0))
     assert by_type(events, "sandbox-activity") == [
         SandboxActivity(kind="tool", description="s.t"),
         SandboxActivity(kind="file", description="add /w/a.py, update /w/b.py"),
     ]
-
-
-# --- stream rules under arbitrary input --------------------------------------------------
-
-MESSAGES = [json.loads(line) for s in scenarios(HARNESS) for line in stdout_lines(HARNESS, s)]
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(st.sampled_from(MESSAGES).flatmap(mutated) | json_values(), max_size=8),
-    st.sampled_from([{}, AFTER_TOOL, {"thread_id": 5, "input_tokens": "x"}]),
-)
-def test_mapper_never_raises_nor_emits_two_terminals_on_mutated_messages(
-    messages: list[Any], carry: dict[str, Any]
-) -> None:
-    data = [json.dumps(m).encode() for m in messages]
-    assert_stream_rules(
-        adapter, request_for("x", resume_session=THREAD, carry=carry), data, ExitInfo(exit_code=1)
-    )
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.sampled_from(scenarios(HARNESS)), st.integers(min_value=0), st.randoms())
-def test_truncated_and_reordered_real_streams_keep_one_terminal(
-    scenario: str, cut: int, rnd: random.Random
-) -> None:
-    data = stdout_bytes(HARNESS, scenario)
-    assert_stream_rules(
-        adapter, request_for(scenario), data[: cut % (len(data) + 1)], ExitInfo(exit_code=1)
-    )
-    lines = stdout_lines(HARNESS, scenario)
-    rnd.shuffle(lines)
-    assert_stream_rules(adapter, request_for(scenario), lines, ExitInfo(exit_code=0))
 
 
 # --- the command line --------------------------------------------------------------------
@@ -366,9 +268,7 @@ def test_policy_warning_says_what_codex_does_not_enforce() -> None:
 @pytest.mark.parametrize("text", ["-rf /", "--help", "x" * MIB])
 def test_input_never_rides_in_argv(text: str) -> None:
     command = adapter.build_command(TurnRequest(input=text, resume_session=THREAD))
-    assert command.stdin == text.encode()
-    assert text not in command.argv
-    assert all(len(arg.encode()) < ARG_MAX_STRLEN for arg in command.argv)
+    assert_input_rides_on_stdin(command, text)
 
 
 def test_granted_secrets_are_named_never_set() -> None:

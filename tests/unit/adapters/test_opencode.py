@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import pytest
 from helpers import (
-    assert_stream_rules,
+    ARG_MAX_STRLEN,
+    MIB,
+    ONE_REPLY_TURN,
+    RecordedHarness,
+    adapter_command_fields,
+    assert_input_rides_on_stdin,
     by_type,
-    check_golden,
-    event_dicts,
-    exit_info,
-    fixture_dir,
-    json_values,
-    meta,
-    mutated,
+    event_types,
+    json_lines,
     replay,
-    scenarios,
-    stdout_bytes,
     stdout_lines,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from adapters import opencode as adapter
 from adapters.events import PermissionRequest, SandboxActivity, SessionError, TurnComplete
@@ -33,30 +28,9 @@ HARNESS = adapter.HARNESS_ID
 SESSION = "ses_dd5ec3416ffevdFQW7mcoaLuTn"  # tool.ndjson, then resume.ndjson
 HOME = "/workspace/.home"
 CONFIG = f"{HOME}/.config/opencode/opencode.json"
-MIB = 1024 * 1024
-ARG_MAX_STRLEN = 128 * 1024
-MESSAGES = [json.loads(line) for s in scenarios(HARNESS) for line in stdout_lines(HARNESS, s)]
-
-
-def request_for(scenario: str, **changes: Any) -> TurnRequest:
-    recorded = meta(HARNESS, scenario)
-    fields: dict[str, Any] = {
-        "input": recorded.get("stdin", "q"),
-        "resume_session": recorded.get("resume_session"),
-    }
-    if str(recorded.get("command_source", "")).startswith("adapter"):
-        # Recorded with this adapter's command: its provider for the fake server's base URL.
-        fields.update(base_url="http://127.0.0.1:1/v1", model="fake-model")
-    return TurnRequest(**{**fields, **changes})
-
-
-def run(scenario: str, exit: ExitInfo | None = None, **changes: Any) -> tuple[list[Any], Any]:
-    return replay(
-        adapter,
-        request_for(scenario, **changes),
-        stdout_bytes(HARNESS, scenario),
-        exit or exit_info(HARNESS, scenario),
-    )
+RECORDED = RecordedHarness(adapter, request_fields=adapter_command_fields, session=SESSION)
+request_for = RECORDED.request_for
+run = RECORDED.run
 
 
 def config(command: Any) -> dict[str, Any]:
@@ -64,56 +38,12 @@ def config(command: Any) -> dict[str, Any]:
     return loaded
 
 
-# --- recorded streams -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("scenario", scenarios(HARNESS))
-def test_recorded_stream_maps_to_golden_events(scenario: str) -> None:
-    events, driver = run(scenario)
-    assert_stream_rules(
-        adapter,
-        request_for(scenario),
-        stdout_bytes(HARNESS, scenario),
-        exit_info(HARNESS, scenario),
-    )
-    state = driver.state
-    check_golden(
-        fixture_dir(HARNESS) / f"{scenario}.events.json",
-        {
-            "events": event_dicts(events),
-            "state": {
-                "session_id": state.session_id,
-                "model": state.model,
-                "resume_rejected": state.resume_rejected,
-                "carry": state.carry,
-            },
-            "counters": driver.counters.as_dict(),
-        },
-    )
-
-
-@pytest.mark.parametrize("scenario", scenarios(HARNESS))
-def test_recorded_stream_maps_the_same_when_fed_in_small_chunks(scenario: str) -> None:
-    whole, _ = run(scenario)
-    chunked, _ = replay(
-        adapter,
-        request_for(scenario),
-        stdout_bytes(HARNESS, scenario),
-        exit_info(HARNESS, scenario),
-        7,
-    )
-    assert event_dicts(chunked) == event_dicts(whole)
+# --- recorded streams (what every harness must do is in test_every_adapter.py) -----------
 
 
 def test_text_turn_completes_at_exit_with_answer_and_no_model() -> None:
     events, driver = run("ref-text")
-    assert [e.type for e in events] == [
-        "turn-started",
-        "session",
-        "assistant-text",
-        "usage",
-        "turn-complete",
-    ]
+    assert event_types(events) == ONE_REPLY_TURN
     session, terminal = events[1], events[-1]
     assert (session.session_id, session.resumed, session.model) == (
         "ses_dd5fad719ffeatjQIg5beit13j",
@@ -130,9 +60,8 @@ def test_text_turn_completes_at_exit_with_answer_and_no_model() -> None:
 
 
 def test_step_with_stop_is_not_terminal_before_exit() -> None:
-    driver_events, driver = replay(adapter, request_for("ref-text"), stdout_bytes(HARNESS, "ref-text"),
-                                   ExitInfo(exit_code=None))  # fmt: skip
-    assert not any(isinstance(e, TurnComplete) for e in driver_events)
+    events, driver = run("ref-text", ExitInfo(exit_code=None))
+    assert not any(isinstance(e, TurnComplete) for e in events)
     assert isinstance(driver.terminal, SessionError) and driver.terminal.reason == "exit"
 
 
@@ -188,19 +117,10 @@ def test_cost_sums_the_steps_that_opencode_priced() -> None:
     assert events[-1].cost_usd == pytest.approx(0.0015)
 
 
-def test_resumed_is_true_only_when_the_offered_session_continues() -> None:
-    resumed, _ = run("ref-resume")
-    assert by_type(resumed, "session")[0].resumed is True
-    fresh, _ = run("ref-resume", resume_session=None)
-    assert by_type(fresh, "session")[0].resumed is False
-    other, _ = run("ref-resume", resume_session="ses_000000000000stalesession0")
-    assert by_type(other, "session")[0].resumed is False
-
-
 def test_stale_session_sets_resume_rejected_and_ends_with_one_error() -> None:
     events, driver = run("badresume")
     assert driver.state.resume_rejected is True
-    assert [e.type for e in events] == ["turn-started", "session-error"]
+    assert event_types(events) == ["turn-started", "session-error"]
     assert events[-1].exit_code == 1
     assert "\x1b[" not in events[-1].stderr_tail
 
@@ -222,7 +142,7 @@ def test_api_error_line_is_classified(
     scenario: str, reason: str, retryable: bool, retry_after: float | None
 ) -> None:
     events, _ = run(scenario)
-    assert [e.type for e in events] == ["turn-started", "session", "session-error"]
+    assert event_types(events) == ["turn-started", "session", "session-error"]
     error = events[-1]
     assert (error.reason, error.retryable, error.retry_after_s) == (reason, retryable, retry_after)
     assert error.error.startswith("opencode APIError (HTTP ")
@@ -234,14 +154,14 @@ def test_server_error_is_retryable_as_opencode_marks_it() -> None:
     data["error"]["data"].update(statusCode=500, message="upstream broke", responseBody="{}")
     for marked in (True, False):
         data["error"]["data"]["isRetryable"] = marked
-        events, _ = replay(adapter, request_for("x"), [json.dumps(data).encode()], ExitInfo(1))
+        events, _ = replay(adapter, request_for("x"), json_lines(data), ExitInfo(1))
         assert (events[-1].reason, events[-1].retryable) == ("harness-error", marked)
 
 
 def test_retry_after_ms_header_wins_over_seconds() -> None:
     data = json.loads(stdout_lines(HARNESS, "http-429")[0])
     data["error"]["data"]["responseHeaders"]["retry-after-ms"] = "1500"
-    events, _ = replay(adapter, request_for("x"), [json.dumps(data).encode()], ExitInfo(1))
+    events, _ = replay(adapter, request_for("x"), json_lines(data), ExitInfo(1))
     assert events[-1].retry_after_s == 1.5
 
 
@@ -283,34 +203,10 @@ def test_tools_map_to_activity_kinds(
 ) -> None:
     line = json.loads(stdout_lines(HARNESS, "ref-tool")[1])
     line["part"].update(tool=tool, state={"status": "completed", **state})
-    events, _ = replay(adapter, request_for("x"), [json.dumps(line).encode()], ExitInfo(0))
+    events, _ = replay(adapter, request_for("x"), json_lines(line), ExitInfo(0))
     assert by_type(events, "sandbox-activity") == [
         SandboxActivity(kind=kind, description=description)
     ]
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(MESSAGES).flatmap(mutated) | json_values(), max_size=8),
-       st.sampled_from([0, 1, None]), st.sampled_from([None, SESSION]))  # fmt: skip
-def test_mapper_never_raises_nor_emits_two_terminals_on_mutated_messages(
-    messages: list[Any], code: int | None, offered: str | None
-) -> None:
-    data = [json.dumps(m).encode() for m in messages]
-    exit = ExitInfo(exit_code=code, stderr_tail="Error: Session not found")
-    assert_stream_rules(adapter, request_for("x", resume_session=offered), data, exit)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.sampled_from(scenarios(HARNESS)), st.integers(min_value=0), st.randoms())
-def test_truncated_and_reordered_real_streams_keep_one_terminal(
-    scenario: str, cut: int, rnd: random.Random
-) -> None:
-    data = stdout_bytes(HARNESS, scenario)
-    request = request_for(scenario)
-    assert_stream_rules(adapter, request, data[: cut % (len(data) + 1)], ExitInfo(exit_code=0))
-    lines = stdout_lines(HARNESS, scenario)
-    rnd.shuffle(lines)
-    assert_stream_rules(adapter, request, lines, ExitInfo(exit_code=0))
 
 
 # --- the command line --------------------------------------------------------------------
@@ -332,15 +228,13 @@ def test_resumed_turn_passes_the_session_id() -> None:
 
 def test_input_starting_with_a_dash_stays_out_of_argv() -> None:
     command = adapter.build_command(TurnRequest(input="--help me", model="m"))
-    assert command.stdin == b"--help me"
-    assert "--help me" not in command.argv
+    assert_input_rides_on_stdin(command, "--help me")
 
 
 def test_one_mib_input_goes_whole_on_stdin() -> None:
     text = "ä" * (MIB // 2) + "x" * 7
     command = adapter.build_command(TurnRequest(input=text, base_url="http://h/v1", model="m"))
-    assert command.stdin == text.encode("utf-8")
-    assert all(len(arg.encode()) < ARG_MAX_STRLEN for arg in command.argv)
+    assert_input_rides_on_stdin(command, text)
     assert all(len(value.encode()) < ARG_MAX_STRLEN for value in command.env.values())
 
 
