@@ -15,7 +15,10 @@ from kombu.entity import Queue
 
 from adapters import HARNESS_IDS
 from config import Settings, get_settings
+from worker import broker
 from worker.app_names import TASK_REAP, harness_queue
+
+broker.install()  # a Redis broker restart must not take a worker with a turn in flight down
 
 
 def create_app(settings: Settings | None = None) -> Celery:

@@ -204,13 +204,9 @@ def test_broker_restart_mid_turn(
     # The in-flight turn finishes and publishes normally: it does not need the broker.
     assert client.wait(run_id, 1, timeout=60).type == "turn-complete"
     assert_one_terminal(turn_events(client, run_id, 1))
-    # kombu 5.7's Redis transport sometimes fails to reconnect when a pool thread acks during
-    # the outage ("Unrecoverable error: AttributeError ... 'hostname'"); Celery then shuts the
-    # worker down warm, after its turns finish. A supervisor (compose, systemd) restarts it;
-    # so do we, and the run goes on. Nothing was lost either way.
-    if worker.proc.poll() is not None or "Unrecoverable error" in worker.logs():
-        worker.stop()
-        workers.append(start_worker(env))
+    # The worker outlived the outage (worker/broker.py): no unrecoverable error, still up.
+    assert worker.proc.poll() is None
+    assert "Unrecoverable error" not in worker.logs()
     client.submit_turn(run_id, "after the restart")
     assert client.wait(run_id, 2, timeout=60).type == "turn-complete"
 

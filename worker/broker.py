@@ -1,0 +1,53 @@
+"""kombu's Redis transport, made to survive a broker restart while a turn is in flight.
+
+With kombu 5.7, a Redis broker lost while a worker holds an unacknowledged turn (we ack late)
+took the worker down: Celery closes the lost connection, kombu detaches the transport from
+its connection (``transport.client = None``), and the channel's last duty, putting its
+unacknowledged messages back in the queue, needs a Redis client built from the connection
+parameters it just lost: ``AttributeError: 'NoneType' object has no attribute 'hostname'``,
+"Unrecoverable error", warm shutdown. The ack of the turn that was running then failed the
+same way. See celery/kombu#582 and #320 for the family of bugs.
+
+Here a channel remembers its broker's parameters while it is connected. After the connection
+is gone, the restore and late acks of its messages reach the broker with a fresh client: they
+succeed once the broker is back, and while it is still down they fail with a connection
+error, which kombu and Celery expect and ignore (the message then stays in the broker's
+unacked index, and the visibility timeout sweep puts it back). The worker stays up.
+
+``install()`` points kombu's ``redis`` and ``rediss`` aliases at this transport, so URLs,
+Celery's banner and everything else keep their usual form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kombu.transport
+import redis
+from kombu.transport import redis as kombu_redis
+
+TRANSPORT = f"{__name__}:Transport"
+
+
+class Channel(kombu_redis.Channel):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._broker_params: dict[str, Any] = super()._connparams(asynchronous=False)
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        transport = self.connection
+        if transport is not None and transport.client is not None:
+            return dict(super()._connparams(asynchronous=asynchronous))
+        if asynchronous:  # only the event loop uses these; it has moved to a new channel
+            raise redis.ConnectionError("the broker connection of this channel is closed")
+        return dict(self._broker_params)
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
+
+
+def install() -> None:
+    """Make ``redis://`` and ``rediss://`` broker URLs use this transport (idempotent)."""
+    for scheme in ("redis", "rediss"):
+        kombu.transport.TRANSPORT_ALIASES[scheme] = TRANSPORT
