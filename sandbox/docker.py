@@ -85,6 +85,7 @@ from sandbox.docker_stream import (
     open_exec_stream,
 )
 from sandbox.local import safe_name
+from sandbox.placements import KnownPlacements
 
 log = logging.getLogger(__name__)
 
@@ -430,6 +431,7 @@ class DockerSandbox:
         self._client_lock = threading.Lock()
         self._client_obj: Any = None
         self._processes: dict[str, set[DockerProcess]] = {}
+        self._placements = KnownPlacements()
         self._lock = threading.Lock()
 
     # -- health ---------------------------------------------------------------------------
@@ -450,9 +452,20 @@ class DockerSandbox:
     # -- the Sandbox protocol -------------------------------------------------------------
 
     def prepare(self, spec: RunSpec) -> Placement:
-        name = container_name(spec.run_id)
         if not spec.image:
             raise SandboxError(f"run {spec.run_id} has no image: the docker backend needs one")
+        known = self._placements.lookup(spec)  # checked by the turn's exec (see start())
+        if known is not None:
+            uid, gid = _parse_user(spec.user)
+            self._make_workspace(spec, uid, gid)
+            return known
+        placement = self._prepare_checked(spec)
+        self._placements.remember(spec, placement)
+        return placement
+
+    def _prepare_checked(self, spec: RunSpec) -> Placement:
+        """Find (restarting it if stopped), claim from the pool, or create the run's container."""
+        name = container_name(spec.run_id)
         uid, gid = _parse_user(spec.user)
         with self._seam("find the run's container", run_id=spec.run_id):
             existing = self._find(name)
@@ -522,6 +535,23 @@ class DockerSandbox:
     ) -> DockerProcess:
         if not spec.argv:
             raise StartFailed("empty command: nothing to start")
+        unchecked = self._placements.take_unverified(placement.run_id)
+        try:
+            return self._start(placement, spec, secrets)
+        except SandboxGone:
+            if unchecked is None:
+                raise
+        # The remembered container is gone or stopped since the run's last turn: prepare the
+        # run the long way, as a lookup would have, and start the turn there.
+        self._placements.forget(placement.run_id)
+        log.info("sandbox.container_changed", extra={"run_id": placement.run_id})
+        fresh = self._prepare_checked(unchecked)
+        self._placements.remember(unchecked, fresh)
+        return self._start(fresh, spec, secrets)
+
+    def _start(
+        self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]
+    ) -> DockerProcess:
         container = placement.container_id or container_name(placement.run_id)
         if spec.files:
             archive = _files_archive(spec.files, placement.workspace)
@@ -591,6 +621,7 @@ class DockerSandbox:
         except SandboxError as exc:
             log.warning("sandbox.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
             return
+        self._placements.forget(run_id)
         with self._lock:
             processes = self._processes.pop(run_id, set())
         for process in processes:

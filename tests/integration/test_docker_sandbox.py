@@ -132,6 +132,34 @@ def test_prepare_restarts_a_stopped_container_of_the_run(
 
 
 @pytest.mark.docker
+def test_a_run_whose_container_was_removed_between_turns_gets_a_new_one_at_its_next_turn(
+    docker_sandbox: DockerSandbox, docker_run: MakeRun, client: Any
+) -> None:
+    placement, spec = docker_run()
+    client.api.remove_container(placement.container_id, force=True)
+
+    remembered = docker_sandbox.prepare(spec)  # from memory: no lookup before each turn
+    assert remembered == placement
+    assert run(docker_sandbox, remembered, "echo", "here")[::2] == (b"here\n", 0)
+
+    fresh = docker_sandbox.prepare(spec)
+    assert fresh.container_id != placement.container_id
+    assert client.api.inspect_container(fresh.container_id)["State"]["Running"] is True
+    assert run(docker_sandbox, fresh, "true")[2] == 0
+
+
+@pytest.mark.docker
+def test_a_stopped_container_is_restarted_by_the_turn_that_finds_it_stopped(
+    docker_sandbox: DockerSandbox, docker_run: MakeRun, client: Any
+) -> None:
+    placement, spec = docker_run()
+    client.api.stop(placement.container_id, timeout=0)
+
+    assert run(docker_sandbox, docker_sandbox.prepare(spec), "true")[2] == 0
+    assert client.api.inspect_container(placement.container_id)["State"]["Running"] is True
+
+
+@pytest.mark.docker
 def test_teardown_keeps_the_workspace_when_asked(
     docker_sandbox: DockerSandbox, docker_run: MakeRun
 ) -> None:
