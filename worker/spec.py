@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -68,6 +68,21 @@ class RunOptions(BaseModel):
     pids: int | None = Field(None, gt=0, le=10_000_000)
     workspace: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     """A durable workspace name shared across runs; None gives the run its own."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _encodable(cls, value: Any) -> Any:
+        # A lone surrogate has no UTF-8: it could reach neither Redis nor a broker message.
+        texts = value if isinstance(value, list | tuple) else (value,)
+        for text in texts:
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(
+                        f"must be valid Unicode text, not {shown(text)} (a lone surrogate)"
+                    ) from None
+        return value
 
     @field_validator("harness")
     @classmethod

@@ -344,6 +344,8 @@ def fuzz_client(fuzz_env: str) -> Iterator[HarnessClient]:
         st.sampled_from(["allow", "deny", "grants"]), st.lists(odd_text, max_size=3), max_size=2
     ),
 )
+# Found by this test in CI: a lone surrogate in a pattern failed the run record's JSON.
+@example(harness="stdio-json", text="-", options={}, lists={"allow": ["\ud800"]})
 def test_client_start_run_accepts_or_raises_invalid_input(
     fuzz_client: HarnessClient,
     harness: str,

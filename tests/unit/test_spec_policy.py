@@ -352,3 +352,13 @@ def test_resolve_secrets_any_name_when_harness_grants_star(
     monkeypatch.setenv("CUSTOM_TOKEN", "tok-1")
     settings = _settings(grants="stdio-json=*")
     assert resolve_secrets(_demo(grants=("CUSTOM_TOKEN",)), settings) == {"CUSTOM_TOKEN": "tok-1"}
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"allow": ["ls", "\ud800"]}, {"system_prompt": "be \udcff brief"}, {"model": "m\ud800"}],
+)
+def test_run_options_refuse_a_lone_surrogate_naming_the_field(field: dict[str, Any]) -> None:
+    # No UTF-8 exists for it: it could reach neither the run record nor a broker message.
+    with pytest.raises(InvalidInput, match=f"{next(iter(field))}.*lone surrogate"):
+        parse_options(harness="stdio-json", **field)
