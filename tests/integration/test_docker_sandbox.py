@@ -119,7 +119,7 @@ def test_prepare_is_idempotent_and_teardown_removes_container_and_workspace(
 
 
 @pytest.mark.docker
-def test_prepare_restarts_a_stopped_container_of_the_run(
+def test_a_stopped_container_of_the_run_is_restarted_for_its_next_turn(
     docker_sandbox: DockerSandbox, docker_run: MakeRun, client: Any
 ) -> None:
     placement, spec = docker_run()
@@ -129,6 +129,7 @@ def test_prepare_restarts_a_stopped_container_of_the_run(
 
     assert again.container_id == placement.container_id
     assert run(docker_sandbox, again, "true")[2] == 0
+    assert client.api.inspect_container(placement.container_id)["State"]["Running"] is True
 
 
 @pytest.mark.docker
@@ -146,17 +147,6 @@ def test_a_run_whose_container_was_removed_between_turns_gets_a_new_one_at_its_n
     assert fresh.container_id != placement.container_id
     assert client.api.inspect_container(fresh.container_id)["State"]["Running"] is True
     assert run(docker_sandbox, fresh, "true")[2] == 0
-
-
-@pytest.mark.docker
-def test_a_stopped_container_is_restarted_by_the_turn_that_finds_it_stopped(
-    docker_sandbox: DockerSandbox, docker_run: MakeRun, client: Any
-) -> None:
-    placement, spec = docker_run()
-    client.api.stop(placement.container_id, timeout=0)
-
-    assert run(docker_sandbox, docker_sandbox.prepare(spec), "true")[2] == 0
-    assert client.api.inspect_container(placement.container_id)["State"]["Running"] is True
 
 
 @pytest.mark.docker
