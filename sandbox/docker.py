@@ -19,6 +19,11 @@ label ``harness.lease_until`` and every :meth:`renew` writes ``<root>/leases/<ru
 (outside the workspace, where the harness cannot extend its own lease); :meth:`managed`
 reports the later of the two.
 
+A run's later turns do not ask the daemon for its container again: prepare() answers from
+what this sandbox remembers (sandbox/placements.py), and the turn's exec is the check; a
+container that was removed or stopped meanwhile is then found, restarted or recreated as a
+lookup would have, and the turn started there.
+
 A new container is probed with one exec before prepare() returns (it runs, has /bin/sh, and
 the user can write the workspace), so a broken image fails there, as StartFailed, with the
 container and a new workspace removed again.
