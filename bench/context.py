@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from bench.worker import DEMO_IMAGE, BenchEnv, WorkerProcess, demo_executable, make_env
+from bench.worker import DEMO_IMAGE, IsolatedEnv, WorkerProcess, demo_executable, make_env
 from bench.worker import start_worker as _start_worker
 from worker.client import HarnessClient
 
@@ -122,7 +122,7 @@ class Bench:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="harness-bench-")
             tmp = Path(self._tmpdir.name)
         self.tmp = tmp
-        self.env: BenchEnv = make_env(tmp)
+        self.env: IsolatedEnv = make_env(tmp)
         problem = docker_problem() if "docker" in backends else None
         self.docker_skip = problem
         self.backends = tuple(b for b in backends if b != "docker" or problem is None)

@@ -1,5 +1,8 @@
 """A real worker process with its own key prefix, as tests/integration/conftest.py starts one.
 
+:class:`IsolatedEnv` (one deployment: its key prefix, workspaces and scope) and
+:func:`demo_executable` serve the tests too.
+
 The worker runs through :mod:`bench._worker`, which is ``celery -A worker.app worker`` with
 two additions that only a benchmark needs: its Docker containers carry a scope of their own
 (so its startup reaper never touches another deployment's containers on a shared daemon, nor
@@ -47,7 +50,7 @@ def demo_executable() -> str:
 
 
 @dataclass
-class BenchEnv:
+class IsolatedEnv:
     """One isolated deployment: its own key prefix (so its own queues), workspaces, scope."""
 
     vars: dict[str, str]
@@ -73,8 +76,8 @@ class BenchEnv:
         values.update(overrides)
         return load_settings(**values)
 
-    def client(self) -> HarnessClient:
-        client = HarnessClient(self.settings())
+    def client(self, **overrides: Any) -> HarnessClient:
+        client = HarnessClient(self.settings(**overrides))
         self.clients.append(client)
         return client
 
@@ -90,7 +93,7 @@ class BenchEnv:
         shutil.rmtree(self.tmp / "workspaces", ignore_errors=True)
 
 
-def make_env(tmp: Path, redis_url: str = REDIS_URL, **extra: str) -> BenchEnv:
+def make_env(tmp: Path, redis_url: str = REDIS_URL, **extra: str) -> IsolatedEnv:
     prefix = "b" + uuid.uuid4().hex[:10]
     values = {
         "HARNESS_REDIS_URL": redis_url,
@@ -107,7 +110,7 @@ def make_env(tmp: Path, redis_url: str = REDIS_URL, **extra: str) -> BenchEnv:
     }
     values.update(extra)
     tmp.mkdir(parents=True, exist_ok=True)
-    return BenchEnv(values, tmp)
+    return IsolatedEnv(values, tmp)
 
 
 def delete_keys(client: redis.Redis, prefix: str) -> int:
@@ -157,7 +160,7 @@ class WorkerProcess:
     proc: subprocess.Popen[bytes]
     log: Path
     records: Path
-    env: BenchEnv
+    env: IsolatedEnv
 
     @property
     def pid(self) -> int:
@@ -221,7 +224,7 @@ def _status_kib(pid: int, field_name: str) -> int:
     raise KeyError(field_name)
 
 
-def start_worker(env: BenchEnv, *, log_level: str = "info", **overrides: str) -> WorkerProcess:
+def start_worker(env: IsolatedEnv, *, log_level: str = "info", **overrides: str) -> WorkerProcess:
     """Start ``celery -A worker.app worker`` (threads pool) and wait until it consumes."""
     name = f"bench{uuid.uuid4().hex[:6]}"
     variables = {**env.vars, **overrides}

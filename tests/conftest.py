@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from bench.worker import demo_executable  # noqa: F401 -- the suite's demo harness path
 
 CI = os.environ.get("CI") == "true"
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,16 +24,6 @@ def require(ok: bool, reason: str) -> None:
         if CI:
             pytest.fail(f"required in CI: {reason}")
         pytest.skip(reason)
-
-
-def demo_executable() -> str:
-    """The demo harness as an absolute path (no shell, no PATH lookups in the sandbox)."""
-    candidate = Path(sys.executable).parent / "harness-demo"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("harness-demo")
-    assert found, "harness-demo is not installed: pip install -e '.[dev]'"
-    return found
 
 
 def _redis_up(url: str) -> bool:

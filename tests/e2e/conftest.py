@@ -29,6 +29,7 @@ from typing import Any
 import docker
 import pytest
 
+from adapters.events import EVENT_TYPES, TERMINAL_TYPES
 from tests.conftest import ROOT
 from tests.fakemodel import FakeModelServer, RecordedRequest
 from tests.fakemodel.clis import FAKE_KEY
@@ -36,19 +37,8 @@ from tests.integration.conftest import Env, WorkerProcess, make_env, start_worke
 from tests.integration.docker_fixtures import ensure_images, require_docker
 from worker.client import HarnessClient
 
-CONTRACT_TYPES = frozenset(
-    {
-        "turn-started",
-        "session",
-        "assistant-text",
-        "sandbox-activity",
-        "permission-request",
-        "usage",
-        "turn-complete",
-        "session-error",
-    }
-)
-TERMINALS = frozenset({"turn-complete", "session-error"})
+CONTRACT_TYPES = frozenset(EVENT_TYPES)  # held to CONTRACT.md by tests/unit/test_events.py
+TERMINALS = TERMINAL_TYPES
 CLI_TIMEOUT_S = 240.0
 """Longest a single ``harness`` command may take: opencode and pi retry a 5xx for ~70 s."""
 

@@ -9,47 +9,13 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import redis
 
-from config import load_settings
+from bench.worker import IsolatedEnv as Env
 from tests.conftest import ROOT, demo_executable
-from worker.client import HarnessClient
-from worker.keys import Keys
-
-
-@dataclass
-class Env:
-    """One isolated deployment: its own key prefix (and so its own queues) and workspaces."""
-
-    vars: dict[str, str]
-    tmp: Path
-    clients: list[HarnessClient] = field(default_factory=list)
-
-    @property
-    def prefix(self) -> str:
-        return self.vars["HARNESS_KEY_PREFIX"]
-
-    @property
-    def keys(self) -> Keys:
-        return Keys(self.prefix)
-
-    def settings(self, **overrides: Any) -> Any:
-        values = {k.removeprefix("HARNESS_").lower(): v for k, v in self.vars.items()}
-        values.update(overrides)
-        return load_settings(**values)
-
-    def client(self, **overrides: Any) -> HarnessClient:
-        client = HarnessClient(self.settings(**overrides))
-        self.clients.append(client)
-        return client
-
-    def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.vars["HARNESS_REDIS_URL"], decode_responses=True)
 
 
 def make_env(tmp: Path, redis_url: str, **extra: str) -> Env:
