@@ -17,12 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
+from bench.proc_status import memory_bytes
 
 
 def main() -> None:
@@ -41,7 +36,7 @@ def main() -> None:
         raw = RawDocker()
         raw.api.version()  # connect before the clock starts, as the worker already is
     Path("/proc/self/clear_refs").write_text("5")
-    before = _status("VmRSS")
+    before = memory_bytes("VmRSS")
 
     failures: list[str] = []
 
@@ -65,7 +60,7 @@ def main() -> None:
     wall = time.perf_counter() - started
     if failures:
         raise SystemExit("\n".join(failures[:5]))
-    print(json.dumps({"wall_s": wall, "rss_before": before, "rss_peak": _status("VmHWM")}))
+    print(json.dumps({"wall_s": wall, "rss_before": before, "rss_peak": memory_bytes("VmHWM")}))
 
 
 if __name__ == "__main__":

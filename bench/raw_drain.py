@@ -13,14 +13,8 @@ import json
 import time
 from pathlib import Path
 
+from bench.proc_status import memory_bytes
 from bench.relay import docker_output, local_output
-
-
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def main() -> None:
@@ -33,7 +27,7 @@ def main() -> None:
     if args.container:
         import bench.docker_raw  # noqa: F401 -- imported before the memory is measured
     Path("/proc/self/clear_refs").write_text("5")
-    before = _status("VmRSS")
+    before = memory_bytes("VmRSS")
     started = time.perf_counter()
     chunks = (
         docker_output(args.container, args.argv, stdin)
@@ -52,7 +46,7 @@ def main() -> None:
                 "lines": lines,
                 "wall_s": wall,
                 "rss_before": before,
-                "rss_peak": _status("VmHWM"),
+                "rss_peak": memory_bytes("VmHWM"),
             }
         )
     )

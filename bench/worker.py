@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from bench.proc_status import memory_bytes, status_field
 from config import Settings, load_settings
 from worker.client import HarnessClient
 from worker.keys import Keys
@@ -178,11 +179,11 @@ class WorkerProcess:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def rss_bytes(self) -> int:
-        return _status_kib(self.pid, "VmRSS") * 1024
+        return memory_bytes("VmRSS", self.pid)
 
     def peak_rss_bytes(self) -> int:
         """VmHWM: the peak resident set since start or since :meth:`reset_peak`."""
-        return _status_kib(self.pid, "VmHWM") * 1024
+        return memory_bytes("VmHWM", self.pid)
 
     def reset_peak(self) -> bool:
         """Reset VmHWM (Linux >= 4.0, needs to own the process or be root)."""
@@ -198,7 +199,7 @@ class WorkerProcess:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def threads(self) -> int:
-        return _status_kib(self.pid, "Threads")
+        return status_field("Threads", self.pid)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc.poll() is None:
@@ -214,14 +215,6 @@ class WorkerProcess:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-
-
-def _status_kib(pid: int, field_name: str) -> int:
-    """A numeric field of /proc/PID/status (kB for the Vm* fields)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1])
-    raise KeyError(field_name)
 
 
 def start_worker(env: IsolatedEnv, *, log_level: str = "info", **overrides: str) -> WorkerProcess:
