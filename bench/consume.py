@@ -5,31 +5,22 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
-TERMINAL = ("turn-complete", "session-error")
+from adapters.events import TERMINAL_TYPES
+from worker.client import StreamEvent
+
 MAX_ID = 18446744073709551615
 
 
-@dataclass
-class Seen:
-    id: str
-    type: str
-    data: dict[str, Any]
-    ts: float
-    """The publisher's timestamp (unix seconds) of the batch the event was sent in."""
+@dataclass(frozen=True)
+class Seen(StreamEvent):
+    """A stream entry as this consumer received it; ``ts`` is the publisher's timestamp (unix
+    seconds) of the batch the event was sent in."""
+
     at: float
     """``time.time()`` when this consumer received it."""
-
-    @property
-    def turn(self) -> int:
-        return int(self.id.split("-")[0])
-
-    @property
-    def seq(self) -> int:
-        return int(self.id.split("-")[1])
 
 
 def before_turn(turn: int) -> str:
@@ -61,12 +52,12 @@ def wait_terminal(
         for entry_id, fields in reply[0][1]:
             cursor = entry_id
             kind = fields["type"]
-            if keep or kind in TERMINAL:
+            if keep or kind in TERMINAL_TYPES:
                 event = Seen(
                     entry_id, kind, json.loads(fields["data"]), float(fields["ts"]), now_wall
                 )
                 seen.append(event)
-            if kind in TERMINAL and int(entry_id.split("-")[0]) == turn:
+            if kind in TERMINAL_TYPES and int(entry_id.split("-")[0]) == turn:
                 return now_perf, seen
 
 
@@ -95,7 +86,7 @@ def wait_terminal_quietly(
         last = client.xrevrange(key, count=1)
         if last:
             entry_id, fields = last[0]
-            if int(entry_id.split("-")[0]) == turn and fields.get("type") in TERMINAL:
+            if int(entry_id.split("-")[0]) == turn and fields.get("type") in TERMINAL_TYPES:
                 return time.perf_counter()
         time.sleep(poll_s)
     raise TimeoutError(f"turn {turn} of {key} did not end within {timeout_s:g}s")
