@@ -3,7 +3,8 @@
 Each check is one line with a level: ``ok``, ``warn`` (works, but looks wrong) or ``fail``
 (something is missing or broken; the exit status is then 1), and for anything not ok the fix
 in one sentence. What is checked: Redis, the broker, live workers, the Docker daemon, the
-image of every harness, the CLI versions inside those images (against the pins in
+image of every harness, that a container really starts on the default network
+(HARNESS_NETWORK), the CLI versions inside those images (against the pins in
 docker/clis/package.json), the harness binaries for the local backend, and settings that
 look wrong. ``--json`` prints one object: ``ok``, ``checks`` and every harness's
 ``capabilities``. URLs are printed with their password masked.
@@ -16,6 +17,8 @@ import os
 import re
 import shutil
 import sys
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ from rich.text import Text
 
 import adapters
 from config import Settings, load_settings
+from config.harnesses import DEMO_IMAGE
 from worker.policy import memory_bytes
 
 # The password of a URL's user part runs to the last "@" before the path: "p@ss" unencoded
@@ -44,6 +48,13 @@ CLI_PACKAGES: dict[str, tuple[str, str]] = {
 }
 PINS_FILE = Path(__file__).resolve().parent.parent / "docker" / "clis" / "package.json"
 BUILD_FIX = "build the images on this Docker host with scripts/build-images"
+
+#: Label of the network probe's container, besides the sandbox's own labels
+#: (``harness.managed``, ``harness.run_id`` = ``doctor-...``, ``harness.scope``): the reaper
+#: finds a probe that a killed doctor left behind (it has no run record) and removes it.
+LABEL_DOCTOR_PROBE = "harness.doctor_probe"
+PROBE_RUN_PREFIX = "doctor-"
+NETWORK_PROBE_TIMEOUT_S = 60.0
 
 # Runs inside an image as its user, network off: which harness binaries it has, and (for the
 # CLI image) each pinned npm package's installed version, as JSON from node.
@@ -199,9 +210,11 @@ def _docker(settings: Settings) -> list[Check]:
         image = settings.image_for(harness)
         if image:
             users.setdefault(image, []).append(harness)
+    present_images = {image: sandbox.image_exists(image) for image in users}
+    checks.append(_network(settings, present_images, needed))
     pins = _repo_pins()
     for image, harnesses in sorted(users.items()):
-        present = sandbox.image_exists(image)
+        present = present_images[image]
         used_by = ", ".join(harnesses)
         if not present:
             level_ok = not needed
@@ -218,6 +231,195 @@ def _docker(settings: Settings) -> list[Check]:
         checks.append(Check(f"image {image}", True, f"present (used by {used_by})"))
         checks += _image_clis(settings, image, harnesses, pins)
     return checks
+
+
+def _network(settings: Settings, present_images: dict[str, bool], needed: bool) -> Check:
+    """The network check: a probe container started on HARNESS_NETWORK from a present image."""
+    image = probe_image_for(present_images)
+    if image is None:
+        return Check(
+            f"network {settings.network}",
+            not needed,
+            "not probed: none of the configured images is on this Docker host",
+            BUILD_FIX,
+            level="fail" if needed else "warn",
+        )
+    check = network_probe(settings, image)
+    if not check.ok and not needed:
+        check.ok, check.level = True, "warn"
+    return check
+
+
+def probe_image_for(present_images: dict[str, bool]) -> str | None:
+    """The image to start the network probe from: the demo image if present, else any."""
+    ordered = sorted(present_images, key=lambda image: (image != DEMO_IMAGE, image))
+    return next((image for image in ordered if present_images[image]), None)
+
+
+def network_probe(
+    settings: Settings, image: str, network: str | None = None, *, client: Any = None
+) -> Check:
+    """Start a short-lived container like a run's on ``network`` (default HARNESS_NETWORK),
+    run ``true`` in it, wait for it and remove it, on every path. A failure is reported with
+    Docker's own words and a fix."""
+    import docker.errors
+
+    network = network or settings.network
+    user = settings.container_user
+    try:
+        client = client or _docker_client(settings)
+    except Exception as exc:  # noqa: BLE001 -- any Docker failure is a finding here
+        return network_failure(network, image, user, _docker_error(exc))
+    error: str | None = None
+    leftover = container_name = ""
+    try:
+        for attempt in range(2):
+            run_id = f"{PROBE_RUN_PREFIX}{uuid.uuid4().hex[:12]}"
+            container_name = f"harness-run-{run_id}"
+            try:
+                error = _run_probe(
+                    client, image, _probe_args(settings, run_id, container_name, network)
+                )
+            except docker.errors.NotFound as exc:
+                error = _docker_error(exc)
+                # A reaper removes a container without a run record: start a new probe, once.
+                if attempt == 0 and "no such container" in error.lower():
+                    continue
+            except Exception as exc:  # noqa: BLE001 -- any Docker failure is a finding here
+                error = _docker_error(exc)
+            finally:
+                leftover = _remove_probe(client, container_name)
+            break
+    finally:
+        client.close()
+    if error is not None:
+        check = network_failure(network, image, user, error)
+        if leftover:
+            check.detail += f"; {leftover}"
+        return check
+    detail = f"a probe container from {image} started on it and exited 0"
+    if leftover:
+        return warn(
+            f"network {network}",
+            f"{detail}, but {leftover}",
+            f"remove it: docker rm -f {container_name}",
+        )
+    return Check(f"network {network}", True, detail)
+
+
+def _run_probe(client: Any, image: str, args: dict[str, Any]) -> str | None:
+    """Create, start and wait for the probe: None when it exited 0, else what went wrong."""
+    container = client.containers.create(image, ["true"], **args)
+    container.start()
+    result = container.wait(timeout=NETWORK_PROBE_TIMEOUT_S)
+    code = int(result.get("StatusCode", -1))
+    if code == 0:
+        return None
+    output = container.logs(stdout=True, stderr=True)[-400:]
+    text = output.decode("utf-8", "replace").strip()
+    error = (result.get("Error") or {}).get("Message") or text or "no output"
+    return f"the probe exited with {code}: {error}"
+
+
+def _probe_args(
+    settings: Settings, run_id: str, container_name: str, network: str
+) -> dict[str, Any]:
+    """The hardening and limits of a run's container (sandbox/docker.py), for the probe."""
+    uid_text, _, gid_text = settings.container_user.partition(":")
+    uid, gid = uid_text, gid_text or uid_text
+    args: dict[str, Any] = {
+        "name": container_name,
+        "entrypoint": [],
+        "labels": {
+            "harness.managed": "true",
+            "harness.run_id": run_id,
+            "harness.scope": settings.key_prefix,
+            "harness.lease_until": f"{time.time() + 2 * NETWORK_PROBE_TIMEOUT_S:.0f}",
+            LABEL_DOCTOR_PROBE: "true",
+        },
+        "init": True,
+        "user": settings.container_user,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "read_only": settings.read_only_root,
+        "pids_limit": settings.pids,
+        "mem_limit": settings.memory,
+        "memswap_limit": settings.memory,
+        "nano_cpus": int(settings.cpus * 1e9),
+        "network_mode": network,
+        "cgroupns": "private",
+    }
+    if settings.read_only_root:
+        # Docker here ignores mode=1777 on a tmpfs; owning it is what lets the user write.
+        args["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,uid={uid},gid={gid}"}
+    return args
+
+
+def _remove_probe(client: Any, container_name: str) -> str:
+    """Remove the probe container if it exists; what went wrong, or "" when it is gone."""
+    import docker.errors
+
+    try:
+        client.api.remove_container(container_name, force=True)
+    except docker.errors.NotFound:
+        pass
+    except Exception as exc:  # noqa: BLE001 -- reported, never raised
+        return f"its container {container_name} could not be removed: {_docker_error(exc)}"
+    return ""
+
+
+def _docker_error(exc: BaseException) -> str:
+    """Docker's own words for a failure (the daemon's message, not the HTTP wrapper)."""
+    import docker.errors
+    import requests.exceptions
+
+    if isinstance(exc, docker.errors.APIError) and exc.explanation:
+        return str(exc.explanation)
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return f"no answer from the Docker daemon within {NETWORK_PROBE_TIMEOUT_S:g}s"
+    return str(exc) or type(exc).__name__
+
+
+def network_failure(network: str, image: str, user: str, error: str) -> Check:
+    """The failed network check for Docker's error text, with the fix that error calls for."""
+    lowered = error.lower()
+    bridge = re.search(r"could not find bridge (\S+?):", error)
+    if bridge:
+        iface = bridge.group(1)
+        fix = (
+            f"the bridge interface {iface} of Docker's default network is gone from this host "
+            "(a second dockerd started with --bridge none deletes docker0): restart dockerd "
+            f"so it creates {iface} again, or set HARNESS_NETWORK=none"
+        )
+    elif re.search(r"network \S+ not found", lowered):
+        if network == "bridge":
+            fix = (
+                "this Docker daemon has no default bridge network (started with --bridge "
+                "none?): restart dockerd without it, or set HARNESS_NETWORK=none"
+            )
+        else:
+            fix = (
+                f"create it (docker network create {network}) or set HARNESS_NETWORK to a "
+                "network this Docker host has"
+            )
+    elif "no such image" in lowered or ("not found" in lowered and image in error):
+        fix = BUILD_FIX
+    elif any(w in lowered for w in ("connection aborted", "connection refused", "no such file")):
+        fix = "start dockerd (scripts/ensure-docker) or set HARNESS_DOCKER_URL"
+    elif "no answer" in lowered or "timed out" in lowered:
+        fix = "check the Docker daemon (docker info, its log); it may be overloaded"
+    else:
+        fix = (
+            f"reproduce it by hand: docker run --rm --network {network} --user {user} "
+            f"--cap-drop ALL --security-opt no-new-privileges --read-only {image} true"
+        )
+    return Check(
+        f"network {network}",
+        False,
+        f"no container starts on it (probe from {image}): {mask_url(error)}",
+        fix,
+    )
 
 
 def _repo_pins() -> dict[str, str]:

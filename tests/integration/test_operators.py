@@ -3,6 +3,7 @@ CLI on a terminal, doctor, and the deployment files."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,8 +16,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, require
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env, start_worker
-from tests.integration.docker_fixtures import require_docker
+from tests.integration.docker_fixtures import ensure_images, require_docker
 from worker import doctor, logs
 from worker.app_names import TASK_REAP_HOST
 from worker.client import HarnessClient
@@ -501,6 +504,104 @@ def test_doctor_fails_on_a_missing_image_with_the_build_command(
     missing = checks["image harness-worker/absent:0"]
     assert missing["level"] == "fail" and missing["detail"] == "missing (used by stdio-json)"
     assert "scripts/build-images" in missing["fix"]
+
+
+def probe_containers() -> list[str]:
+    done = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={doctor.LABEL_DOCTOR_PROBE}=true"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return done.stdout.split()
+
+
+@pytest.mark.docker
+def test_doctor_starts_a_probe_container_on_the_default_network_and_removes_it(
+    tmp_path: Path,
+) -> None:
+    require_docker()
+    ensure_images(["demo"])
+    settings = make_env(tmp_path, "redis://127.0.0.1:6379/0", HARNESS_SANDBOX="docker").settings()
+    assert settings.network == "bridge"
+    before = probe_containers()
+    checks = {c.name: c for c in doctor.collect(settings)}
+    probe = checks["network bridge"]
+    assert probe.level == "ok", probe
+    assert probe.detail == "a probe container from harness-worker/demo:1 started on it and exited 0"
+    assert probe_containers() == before
+
+
+@pytest.mark.docker
+def test_doctor_probe_on_a_network_the_daemon_lacks_fails_with_dockers_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # HARNESS_NETWORK only takes none, bridge or host; the probe itself takes any name.
+    require_docker()
+    ensure_images(["demo"])
+    settings = make_env(tmp_path, "redis://127.0.0.1:6379/0", HARNESS_SANDBOX="docker").settings()
+    network = f"harness-absent-{uuid.uuid4().hex[:8]}"
+    before = probe_containers()
+    check = doctor.network_probe(settings, "harness-worker/demo:1", network)
+    assert check.level == "fail" and check.name == f"network {network}"
+    assert check.detail.endswith(f"network {network} not found"), check.detail
+    assert f"docker network create {network}" in check.fix
+    code = doctor.run_doctor(check=lambda: [check])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1 and lines[0].startswith(f"✗ network {network}")
+    assert lines[1].strip().startswith("→ create it")
+    assert probe_containers() == before
+
+
+@pytest.mark.docker
+def test_doctor_probe_from_a_missing_image_fails_with_the_build_command(tmp_path: Path) -> None:
+    require_docker()
+    settings = make_env(tmp_path, "redis://127.0.0.1:6379/0", HARNESS_SANDBOX="docker").settings()
+    check = doctor.network_probe(settings, "harness-worker/absent:0")
+    assert check.level == "fail"
+    assert check.detail.endswith("No such image: harness-worker/absent:0"), check.detail
+    assert "scripts/build-images" in check.fix
+
+
+@pytest.mark.redis
+@pytest.mark.docker
+def test_a_probe_container_left_by_a_killed_doctor_is_removed_by_the_reaper(
+    tmp_path: Path, redis_url: str
+) -> None:
+    import docker as docker_sdk
+    import redis
+
+    from sandbox.docker import DockerSandbox
+    from worker.keys import Keys
+    from worker.lifecycle import ReapReport, reap_sandboxes
+
+    require_docker()
+    ensure_images(["demo"])
+    settings = make_env(tmp_path, redis_url, HARNESS_SANDBOX="docker").settings()
+    run_id = f"{doctor.PROBE_RUN_PREFIX}{uuid.uuid4().hex[:12]}"
+    name = f"harness-run-{run_id}"
+    client = docker_sdk.from_env()
+    try:
+        # What a doctor killed between create and remove leaves behind.
+        client.containers.create(
+            "harness-worker/demo:1",
+            ["true"],
+            **doctor._probe_args(settings, run_id, name, settings.network),
+        )
+        deps: Any = SimpleNamespace(
+            redis=redis.Redis.from_url(redis_url, decode_responses=True),
+            keys=Keys(settings.key_prefix),
+            store=None,
+        )
+        report = ReapReport()
+        reap_sandboxes(deps, DockerSandbox(tmp_path / "docker", scope=settings.key_prefix), report)
+        assert report.sandboxes == [run_id]
+        assert not client.containers.list(all=True, filters={"name": name})
+    finally:
+        with contextlib.suppress(docker_sdk.errors.NotFound):
+            client.api.remove_container(name, force=True)
+        client.close()
 
 
 # -- deployment files -------------------------------------------------------------------------
