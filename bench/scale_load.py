@@ -7,12 +7,18 @@ the second daemon of ``scripts/second-dockerd``), drives N runs x M turns of the
 in containers, and prints turns per second, p50/p95 of submit → terminal, and any affinity
 violation: a run whose turns did not all run in its one container, a turn without exactly
 one terminal, a container left after ``end`` and a reaper pass.
+
+The workers keep their default host queues: each names its Docker daemon
+(``<prefix>.host.docker.<daemon ID>``), so the workers of one daemon share one queue and
+the two daemons' workers never do. A worker is ready once its own heartbeat key
+(``<prefix>:worker:<hostname>:<pid>``) is there.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +38,11 @@ SECOND_DOCKERD = "unix:///run/harness-docker2.sock"
 DEMO_IMAGE = "harness-worker/demo:1"
 
 
+def _environ() -> dict[str, str]:
+    """This process's environment without a host queue override: workers keep the default."""
+    return {k: v for k, v in os.environ.items() if k != "HARNESS_HOST_QUEUE"}
+
+
 @dataclass
 class Host:
     name: str
@@ -48,14 +59,55 @@ class Cluster:
     logs: list[Path] = field(default_factory=list)
 
     def host_env(self, host: Host) -> dict[str, str]:
-        env = {
-            **self.env,
-            "HARNESS_HOST_QUEUE": f"{self.prefix}.host.{host.name}",
-            "HARNESS_WORKSPACE_ROOT": str(self.workdir / f"host-{host.name}"),
-        }
+        """A worker's environment on ``host``: no HARNESS_HOST_QUEUE (the default names the
+        daemon), its own workspace root (as on another machine)."""
+        env = {**self.env, "HARNESS_WORKSPACE_ROOT": str(self.workspace_root(host))}
         if host.docker_url:
             env["HARNESS_DOCKER_URL"] = host.docker_url
         return env
+
+    def workspace_root(self, host: Host) -> Path:
+        return self.workdir / f"host-{host.name}"
+
+    def docker(self, host: Host) -> docker.DockerClient:
+        if host.docker_url:
+            return docker.DockerClient(base_url=host.docker_url)
+        return docker.from_env()
+
+    def host_queue(self, host: Host) -> str:
+        """The queue a worker on ``host`` consumes by default: it names the Docker daemon."""
+        from sandbox.identity import docker_location
+
+        return f"{self.prefix}.host.{docker_location(host.docker_url)}"
+
+    @staticmethod
+    def worker_id(proc: subprocess.Popen[bytes]) -> str:
+        """The id a worker process announces itself by (``worker.runtime``: host:pid)."""
+        return f"{socket.gethostname()}:{proc.pid}"
+
+    def wait_ready(self, procs: list[subprocess.Popen[bytes]], timeout: float = 120) -> None:
+        """Wait until every one of ``procs`` beats under its own id (so consumes its queues)."""
+        client = self.client()
+        try:
+            waiting = list(procs)
+            deadline = time.monotonic() + timeout
+            while waiting and time.monotonic() < deadline:
+                for proc in list(waiting):
+                    if proc.poll() is not None:
+                        raise RuntimeError(
+                            f"worker {proc.pid} exited at start: see "
+                            + ", ".join(map(str, self.logs))
+                        )
+                    if client.redis.exists(client.keys.worker_alive(self.worker_id(proc))):
+                        waiting.remove(proc)
+                if waiting:
+                    time.sleep(0.1)
+            if waiting:
+                raise RuntimeError(
+                    f"{len(waiting)} workers did not start: see " + ", ".join(map(str, self.logs))
+                )
+        finally:
+            client.close()
 
     def spawn(self, host: Host, index: int) -> subprocess.Popen[bytes]:
         """Start one worker process on ``host`` (appending to its log across restarts)."""
@@ -80,7 +132,7 @@ class Cluster:
             return subprocess.Popen(
                 command,
                 cwd=REPO,
-                env={**os.environ, **self.host_env(host)},
+                env={**_environ(), **self.host_env(host)},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -92,16 +144,32 @@ class Cluster:
     def containers(self) -> list[object]:
         found: list[object] = []
         for host in self.hosts:
-            api = (
-                docker.DockerClient(base_url=host.docker_url)
-                if host.docker_url
-                else docker.from_env()
-            )
-            found += api.containers.list(
-                all=True,
-                filters={"label": ["harness.managed=true", f"harness.scope={self.prefix}"]},
-            )
+            api = self.docker(host)
+            try:
+                found += api.containers.list(
+                    all=True,
+                    filters={"label": ["harness.managed=true", f"harness.scope={self.prefix}"]},
+                )
+            finally:
+                api.close()
         return found
+
+    def placements(self, run_id: str) -> list[tuple[str, str]]:
+        """Every container of ``run_id`` (by its labels), as (host name, container id)."""
+        labels = [f"harness.scope={self.prefix}", f"harness.run_id={run_id}"]
+        found = []
+        for host in self.hosts:
+            api = self.docker(host)
+            try:
+                for container in api.containers.list(all=True, filters={"label": labels}):
+                    found.append((host.name, str(container.id)))
+            finally:
+                api.close()
+        return found
+
+    def placed_on(self, run_id: str) -> list[str]:
+        """The hosts on which a container of ``run_id`` exists."""
+        return [host for host, _ in self.placements(run_id)]
 
     def reap(self) -> list[str]:
         """One reaper pass per host; returns what it removed. Raises with the CLI's stderr."""
@@ -112,7 +180,7 @@ class Cluster:
                 cwd=REPO,
                 timeout=300,
                 capture_output=True,
-                env={**os.environ, **self.host_env(host)},
+                env={**_environ(), **self.host_env(host)},
             )
             if done.returncode != 0:
                 raise RuntimeError(f"harness reap failed: {done.stderr.decode()[-2000:]}")
@@ -164,18 +232,11 @@ def start_cluster(
     for host in hosts:
         for index in range(workers_per_host):
             cluster.processes.append(cluster.spawn(host, index))
-    client = cluster.client()
-    deadline = time.monotonic() + 120
-    wanted = {f"{prefix}.host.{h.name}" for h in hosts}
-    while time.monotonic() < deadline:
-        if wanted <= set(client.redis.hkeys(client.keys.hosts())):
-            break
-        time.sleep(0.2)
-    else:
+    try:
+        cluster.wait_ready(cluster.processes)
+    except RuntimeError:
         cluster.stop()
-        raise RuntimeError("workers did not start: see " + ", ".join(map(str, cluster.logs)))
-    time.sleep(1.0)  # let every worker of a host subscribe, not only the first
-    client.close()
+        raise
     return cluster
 
 
@@ -184,6 +245,8 @@ class RunResult:
     run_id: str
     containers: set[str] = field(default_factory=set)
     hostnames: set[str] = field(default_factory=set)
+    queues: set[str] = field(default_factory=set)
+    placed_on: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     turns_done: int = 0
@@ -220,10 +283,13 @@ def _drive_run(
                 continue
             texts = [e.data["text"] for e in events if e.type == "assistant-text"]
             result.hostnames.update(t for t in texts if t)
-            container = client.status(run_id).get("container_id")
-            if container:
-                result.containers.add(container)
+            record = client.status(run_id)
+            if record.get("container_id"):
+                result.containers.add(record["container_id"])
+            if record.get("queue"):
+                result.queues.add(record["queue"])
             result.turns_done += 1
+        result.placed_on = cluster.placed_on(run_id)
         client.end(run_id)
     finally:
         client.close()
@@ -265,8 +331,18 @@ def run_load(cluster: Cluster, runs: int, turns: int) -> Report:
         thread.join()
     seconds = time.monotonic() - started
     violations: list[str] = []
+    queues = {cluster.host_queue(host): host.name for host in cluster.hosts}
+    if len(queues) != len(cluster.hosts):
+        violations.append(f"two Docker daemons share a host queue: {sorted(queues)}")
     for result in results:
         violations += [f"{result.run_id}: {p}" for p in result.problems]
+        # The run's queue names the daemon its container is on.
+        hosts = [queues.get(q, f"unknown queue {q}") for q in sorted(result.queues)]
+        if hosts != result.placed_on:
+            violations.append(
+                f"{result.run_id}: routed to {hosts or 'no host queue'}, "
+                f"container on {result.placed_on or 'no host'}"
+            )
         if len(result.containers) != 1 or len(result.hostnames) != 1:
             violations.append(
                 f"{result.run_id}: turns ran in {len(result.hostnames)} containers "

@@ -1,4 +1,8 @@
-"""Several worker processes on two Docker hosts sharing one Redis and one broker."""
+"""Several worker processes on two Docker hosts sharing one Redis and one broker.
+
+The workers keep their default host queues (no HARNESS_HOST_QUEUE): each names its Docker
+daemon, so the two workers of a daemon share one queue and the two daemons never do.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +30,14 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str) -> I
 
 
 def test_every_run_keeps_its_one_container_across_hosts(cluster: Cluster) -> None:
+    queues = [cluster.host_queue(host) for host in cluster.hosts]
+    assert len(set(queues)) == 2, queues
+    assert all(q.startswith(f"{cluster.prefix}.host.docker.") for q in queues), queues
+    client = cluster.client()
+    try:
+        assert set(queues) <= set(client.redis.hkeys(client.keys.hosts()))
+    finally:
+        client.close()
     report = run_load(cluster, runs=12, turns=3)
     assert report.violations == []
     assert report.turns == 36
