@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 NetworkPolicy = Literal["none", "bridge", "host"]
 
@@ -157,3 +157,22 @@ class Sandbox(Protocol):
 
     def diagnose(self, run_id: str) -> str | None:
         """Why the run's sandbox cannot run turns (gone, OOM-killed, daemon down), or None."""
+
+
+@runtime_checkable
+class WarmPool(Protocol):
+    """A backend that keeps started, unclaimed sandboxes for new runs to claim (optional).
+
+    Callers check for it with ``isinstance(sandbox, WarmPool)``; a backend without one has
+    nothing to warm or drain.
+    """
+
+    def warm(self, spec: RunSpec) -> int:
+        """Start sandboxes shaped as ``spec`` (its run id is ignored) until the pool is full;
+        returns how many it started. Raises the :class:`SandboxError` tree."""
+
+    def close_pool(self) -> None:
+        """Stop warming and remove the unclaimed sandboxes (worker shutdown)."""
+
+    def image_exists(self, image: str) -> bool:
+        """Whether ``image`` is on this host, so a pool of it can be warmed at all."""

@@ -10,13 +10,12 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from sandbox.base import (
@@ -29,22 +28,15 @@ from sandbox.base import (
     StartFailed,
 )
 from sandbox.chunks import ChunkQueue
+from sandbox.workspace import safe_name, workspace_dir
 
 log = logging.getLogger(__name__)
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _READ_SIZE = 256 * 1024
 """Output read but not yet taken by ``read()``, at most (plus one read). Past it the pumps
 stop reading, the pipe fills and the harness blocks in its writes: a harness that writes
 faster than its output is published waits for it instead of filling the worker's memory."""
 META_FILE = ".harness-run.json"
-
-
-def safe_name(value: str, what: str) -> str:
-    """Refuse anything that could leave its directory or confuse a path."""
-    if not _SAFE_NAME.fullmatch(value) or ".." in value:
-        raise SandboxError(f"invalid {what} {value!r}: use letters, digits, '_', '.', '-'")
-    return value
 
 
 def minimal_env(home: str, tmpdir: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -121,7 +113,7 @@ class LocalProcess:
             return False
         # killpg(0) also succeeds for unreaped zombies (orphans whose new parent does not
         # reap them, as when the worker runs as PID 1): only living members count.
-        return bool(_group_members(pgid, alive_only=True))
+        return bool(_group_members({pgid}, alive_only=True))
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -153,15 +145,16 @@ class LocalProcess:
                 stdin.close()  # type: ignore[attr-defined]
 
 
-def _group_members(pgid: int, *, alive_only: bool = False) -> list[tuple[int, str]]:
-    """(pid, cwd) of the processes in a process group, read from /proc."""
+def _group_members(pgids: Collection[int], *, alive_only: bool = False) -> list[tuple[int, str]]:
+    """(pid, cwd) of the processes in these process groups, read from /proc in one pass
+    (without the cwd, and without zombies, when ``alive_only``)."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid or (alive_only and fields[0] == "Z"):
+            if int(fields[2]) not in pgids or (alive_only and fields[0] == "Z"):
                 continue
             cwd = os.readlink(entry / "cwd") if not alive_only else ""
         except (OSError, ValueError, IndexError):
@@ -170,8 +163,9 @@ def _group_members(pgid: int, *, alive_only: bool = False) -> list[tuple[int, st
     return members
 
 
-def _kill_recorded_groups(meta_path: Path) -> None:
-    """SIGKILL what is left of the process groups a run's turns started (see ``start``).
+def _kill_recorded_groups(meta_path: Path) -> int:
+    """SIGKILL what is left of the process groups a run's turns started (see ``start``);
+    returns how many processes it signalled.
 
     Only processes still in such a group *and* working inside the run's workspace are
     killed, so a recycled process-group id never takes an unrelated process with it.
@@ -179,16 +173,26 @@ def _kill_recorded_groups(meta_path: Path) -> None:
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError):
-        return
-    groups = set(meta.get("pgids", []))
+        return 0
     workspace = meta.get("workspace")
+    groups = {pgid for pgid in meta.get("pgids", []) if _group_exists(pgid)}
     if not groups or not workspace:
-        return
-    for pgid in groups:
-        for pid, cwd in _group_members(pgid):
-            if cwd.startswith(workspace):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+        return 0
+    killed = 0
+    for pid, cwd in _group_members(groups):
+        if cwd.startswith(workspace):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 class LocalSandbox:
@@ -201,23 +205,26 @@ class LocalSandbox:
         self._processes: dict[str, set[LocalProcess]] = {}
         self._lock = threading.Lock()
 
-    def _workspace(self, run_id: str, workspace_key: str | None) -> Path:
-        if workspace_key:
-            return self.root / "durable" / safe_name(workspace_key, "workspace key")
-        return self.root / "run" / safe_name(run_id, "run id")
-
     def prepare(self, spec: RunSpec) -> Placement:
-        workspace = self._workspace(spec.run_id, spec.workspace_key)
+        workspace = workspace_dir(self.root, spec.run_id, spec.workspace_key)
         home = workspace / ".home"
         try:
             home.mkdir(parents=True, exist_ok=True)
             (workspace / ".tmp").mkdir(exist_ok=True)
-            meta = {"run_id": spec.run_id, **dict(spec.labels)}
+            # What earlier turns recorded stays: start() and teardown() kill what is left.
+            meta = {"run_id": spec.run_id, **dict(spec.labels), **self._recorded(spec.run_id)}
             (self.root / "run").mkdir(parents=True, exist_ok=True)
             self._meta_path(spec.run_id).write_text(json.dumps(meta))
         except OSError as exc:
             raise SandboxError(f"cannot create workspace {workspace}: {exc}") from exc
         return Placement("local", spec.run_id, str(workspace), str(home))
+
+    def _recorded(self, run_id: str) -> dict[str, object]:
+        try:
+            meta = json.loads(self._meta_path(run_id).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {key: meta[key] for key in ("workspace", "pgids") if key in meta}
 
     def _meta_path(self, run_id: str) -> Path:
         return self.root / "run" / f"{safe_name(run_id, 'run id')}.json"
@@ -233,6 +240,13 @@ class LocalSandbox:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
         env = minimal_env(placement.home, str(workspace / ".tmp"), {**spec.env, **secrets})
+        # One turn runs per run at a time, so a process an earlier turn left running is a
+        # stray (say, of a worker killed mid-turn): it goes before this turn starts.
+        strays = _kill_recorded_groups(self._meta_path(placement.run_id))
+        if strays:
+            log.warning(
+                "sandbox.strays_killed", extra={"run_id": placement.run_id, "count": strays}
+            )
         try:
             popen = subprocess.Popen(
                 list(spec.argv),

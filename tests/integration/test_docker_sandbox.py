@@ -26,7 +26,8 @@ from sandbox.base import (
     SandboxUnavailable,
     StartFailed,
 )
-from sandbox.docker import DockerProcess, DockerSandbox
+from sandbox.docker import DockerSandbox
+from sandbox.docker_exec import DockerProcess
 from tests.fakemodel.clis import HARNESSES, raw_invocation
 from tests.fakemodel.server import FakeModelServer
 from tests.integration import docker_fixtures
@@ -361,6 +362,37 @@ def test_kill_after_a_normal_exit_leaves_nothing_behind(
 
     assert "sleep 3602" not in container_ps(client, placement)
     assert process.wait(0) == 0
+
+
+def container_top(client: Any, placement: Placement) -> str:
+    """``docker top``: the container's processes as the host sees them."""
+    top = client.api.top(placement.container_id)
+    return "\n".join(" ".join(row) for row in top["Processes"])
+
+
+@pytest.mark.docker
+def test_a_turn_left_running_by_a_killed_worker_is_killed_when_the_next_turn_starts(
+    docker_sandbox: DockerSandbox, docker_run: MakeRun, client: Any
+) -> None:
+    placement, spec = docker_run()
+    # A harness with a child and a daemon that left its session, marker and output behind.
+    turn = "setsid env -i sleep 3605 >/dev/null 2>&1 & sleep 3606 & echo up; exec sleep 3604"
+    abandoned = docker_sandbox.start(placement, ExecSpec(argv=("sh", "-c", turn)), {})
+    assert read_until(abandoned, b"up\n") == b"up\n"
+    abandoned.close()  # its worker was SIGKILLed: the exec goes on without a reader
+    assert all(f"sleep 360{n}" in container_top(client, placement) for n in (4, 5, 6))
+
+    restarted = DockerSandbox(docker_sandbox.root, scope=docker_sandbox.scope)
+    process = restarted.start(restarted.prepare(spec), ExecSpec(argv=("echo", "next")), {})
+
+    assert collect(process)[::2] == (b"next\n", 0)
+    assert process.strays == 3
+    deadline = time.monotonic() + 5
+    while "sleep 360" in (top := container_top(client, placement)):
+        assert time.monotonic() < deadline, f"an earlier turn's process survived:\n{top}"
+        time.sleep(0.1)
+    assert "sleep infinity" in top  # the container itself lives on
+    assert abandoned.wait(5) == 137
 
 
 @pytest.mark.docker

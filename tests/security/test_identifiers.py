@@ -208,12 +208,12 @@ def test_every_producer_value_in_argv_is_a_whole_value_never_a_flag(harness: str
 
 def test_sandbox_refuses_files_outside_the_workspace() -> None:
     from sandbox.base import StartFailed
-    from sandbox.docker import _files_archive
+    from sandbox.docker_container import files_archive
 
     for path in ["/workspace/../etc/passwd", "relative/x", "/etc/x", "/workspace", "/workspacex/y"]:
         with pytest.raises(StartFailed, match="refusing to write"):
-            _files_archive({path: "x"}, "/workspace")
-    assert _files_archive({"/workspace/.home/a/b": "x"}, "/workspace")
+            files_archive({path: "x"}, "/workspace")
+    assert files_archive({"/workspace/.home/a/b": "x"}, "/workspace")
 
 
 # -- paths ------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_workspace_names_that_are_not_plain_names_refused(name: str) -> None:
 
 def test_local_sandbox_refuses_names_that_leave_its_directory() -> None:
     from sandbox.base import SandboxError
-    from sandbox.local import safe_name
+    from sandbox.workspace import safe_name
 
     for name in [*TRAVERSAL, "", "a..b", "-x"]:
         with pytest.raises(SandboxError):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.base import ExecSpec, Placement, RunSpec, SandboxError, StartFailed
-from sandbox.local import LocalProcess, LocalSandbox, safe_name
+from sandbox.local import LocalProcess, LocalSandbox
+from sandbox.workspace import safe_name
 
 RUN = "r0123456789abcdef01234567"
 
@@ -209,6 +210,25 @@ def test_teardown_kills_running_processes(sandbox: LocalSandbox, placement: Plac
     process = _start(sandbox, placement, "/bin/sleep", "30")
     sandbox.teardown(RUN)
     assert process.wait(2) is not None
+
+
+def test_a_turn_left_running_by_a_killed_worker_is_killed_when_the_next_turn_starts(
+    sandbox: LocalSandbox, placement: Placement
+) -> None:
+    abandoned = _start(sandbox, placement, "sh", "-c", "sleep 30 & echo $!; exec sleep 31")
+    chunk = abandoned.read(5)
+    assert chunk is not None and chunk.stream == "stdout"
+    child = int(chunk.data)
+
+    restarted = LocalSandbox(sandbox.root)  # the next worker, which knows nothing of it
+    process = _start(restarted, restarted.prepare(RunSpec(run_id=RUN)), "echo", "next")
+
+    assert _collect(process)[::2] == (b"next\n", 0)
+    assert abandoned.wait(2) == -9
+    deadline = time.monotonic() + 3
+    while not _gone(child):
+        assert time.monotonic() < deadline, "the earlier turn's child survived"
+        time.sleep(0.05)
 
 
 def test_teardown_removes_run_workspace_and_is_idempotent(
