@@ -1,6 +1,9 @@
 """HarnessClient: the producer's Python API (CONTRACT.md, "Python API for producers").
 
-Every method raises the typed errors of :mod:`worker.errors`, never Redis' or Celery's.
+Every method raises the typed errors of :mod:`worker.errors`, never Redis' or Celery's; the
+iterators (:meth:`HarnessClient.events`, :meth:`HarnessClient.follow`) too, on every
+``next()``: a Redis outage while iterating is :class:`~worker.errors.Unavailable`, after
+which a caller resumes with ``after=`` the last id it saw (no gap, no duplicate).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -22,18 +26,24 @@ from config import Settings, load_settings
 from worker import credentials, hosts
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
-from worker.errors import HarnessError, InvalidInput, RunNotFound, Unavailable
+from worker.errors import HarnessError, InvalidInput, RunNotFound, TurnWaitTimeout, Unavailable
 from worker.keys import Keys, SyncRedis
-from worker.lifecycle import fail_stranded_turn
 from worker.policy import check_input, resolve
 from worker.records import IN_FLIGHT, RunStore
 from worker.runtime import redis_client
 from worker.spec import TurnPayload, check_run_id, new_run_id, parse_options
-from worker.turn import end_turn_without_harness
+from worker.turn_life import TurnRef, end_unclaimed_turn
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
+
+CHECK_EVERY_S = 1.0
+"""How often a follow that sees no event of its turn looks whether a worker took it (so a
+turn no worker consumes is said to wait within a second or two)."""
+END_NOTICE_AFTER_S = 1.0
+"""A live worker tears a run down well within this; past it ``end`` says what it waits for."""
 
 
 @dataclass(frozen=True)
@@ -61,21 +71,74 @@ class StreamEvent:
         return {"id": self.id, "type": self.type, "data": self.data, "ts": self.ts}
 
 
-def _translate(fn: Callable[P, R]) -> Callable[P, R]:
+@contextmanager
+def _translated() -> Iterator[None]:
     """Foreign errors become ours at the seam."""
+    try:
+        yield
+    except HarnessError:
+        raise
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise Unavailable(f"cannot reach Redis: {exc}") from exc
+    except OperationalError as exc:
+        raise Unavailable(f"cannot reach the broker: {exc}") from exc
 
+
+def _translate(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
+        with _translated():
             return fn(*args, **kwargs)
-        except HarnessError:
-            raise
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise Unavailable(f"cannot reach Redis: {exc}") from exc
-        except OperationalError as exc:
-            raise Unavailable(f"cannot reach the broker: {exc}") from exc
 
     return wrapper
+
+
+def _translate_iter(fn: Callable[P, Iterator[T]]) -> Callable[P, Iterator[T]]:
+    """The same for a generator: its errors are raised by ``next()``, not by the call."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+        with _translated():
+            yield from fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _after_previous_turn(turn: int) -> str:
+    """The stream id just before turn ``turn``'s first event."""
+    return "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
+
+
+def _entry(entry_id: str, fields: dict[str, str]) -> StreamEvent:
+    return StreamEvent(entry_id, fields["type"], json.loads(fields["data"]), float(fields["ts"]))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A notice: turn ``turn`` is queued on ``queue`` and no live worker consumes that queue.
+
+    ``since`` is when the turn was sent (unix time; None when unknown). ``bound_s`` is how
+    long such a turn waits before the reaper ends it (a later turn bound to its run's host:
+    ``HARNESS_HOST_WAIT_S``, then a ``sandbox`` error and the run stays usable); None when
+    it waits until a worker comes (a harness queue).
+    """
+
+    run_id: str
+    turn: int
+    queue: str
+    since: float | None
+    bound_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "notice": "waiting",
+            "for": "turn",
+            "run_id": self.run_id,
+            "turn": self.turn,
+            "queue": self.queue,
+            "since": self.since,
+            "bound_s": self.bound_s,
+        }
 
 
 class HarnessClient:
@@ -100,6 +163,11 @@ class HarnessClient:
 
     def close(self) -> None:
         self.redis.close()
+
+    @_translate
+    def ping(self) -> None:
+        """Unavailable unless Redis answers."""
+        self.redis.ping()
 
     # -- runs and turns -------------------------------------------------------------------
 
@@ -131,19 +199,16 @@ class HarnessClient:
 
     @_translate
     def submit_turn(self, run_id: str, input: str) -> int:
-        """Enqueue the run's next turn; returns its number. RunBusy while one is in flight."""
+        """Enqueue the run's next turn; returns its number. RunBusy while one is in flight.
+
+        A turn for a host no live worker consumes is queued all the same: it waits there up to
+        ``HARNESS_HOST_WAIT_S`` (see :meth:`waiting`), then the reaper ends it.
+        """
         check_run_id(run_id)
         check_input(input, self.settings)
         turn = self.store.begin_turn(run_id)
         raw = self.store.raw(run_id)
-        harness = raw.get("harness", "")
-        queue = raw.get("queue") or harness_queue(harness, self.settings.key_prefix)
-        if hosts.is_host_queue(queue, self.keys) and not hosts.alive(self.redis, self.keys, queue):
-            # The run's container is on a host with no live worker: waiting would be forever.
-            fail_stranded_turn(
-                self.redis, self.keys, self.store, self.settings, run_id, turn, harness, queue
-            )
-            return turn
+        queue = raw.get("queue") or harness_queue(raw.get("harness", ""), self.settings.key_prefix)
         self._send(run_id, turn, input, queue)
         return turn
 
@@ -154,21 +219,73 @@ class HarnessClient:
         self.redis.set(self.keys.turn_queued(run_id, turn), entry, ex=ttl)
         try:
             self.app.send_task(TASK_RUN_TURN, args=[payload], queue=queue)
-        except Exception:
-            # Nothing will run this turn: do not leave the run looking busy.
-            self.store.update(run_id, status="idle" if turn > 1 else "failed")
+        except Exception as exc:
+            # Nothing will run this turn: leave nothing that says otherwise (the reaper would
+            # re-send a queued payload, and a run record without a turn would never expire).
+            undone = self._unsend(run_id, turn, exc)
+            if isinstance(exc, OperationalError | redis.ConnectionError | redis.TimeoutError):
+                raise Unavailable(f"cannot reach the broker: {exc}; {undone}") from exc
             raise
+
+    def _unsend(self, run_id: str, turn: int, exc: Exception) -> str:
+        """Undo a turn whose message the broker refused; says what is left."""
+        try:
+            if turn == 1:
+                pipe = self.redis.pipeline()
+                pipe.delete(self.keys.turn_queued(run_id, turn), *self.keys.run_keys(run_id))
+                pipe.srem(self.keys.runs_index(), run_id)
+                pipe.execute()
+                return "the run was not created"
+            self.redis.delete(self.keys.turn_queued(run_id, turn))
+            self.store.update(
+                run_id, status="idle", last_error=f"turn {turn} could not be sent: {exc}"
+            )
+            return f"turn {turn} was not sent and run {run_id} is idle again"
+        except redis.RedisError:
+            if turn == 1:
+                return f"run {run_id} may be left in Redis (unreachable too)"
+            return f"run {run_id} may still look busy (Redis is unreachable too)"
 
     # -- reading ----------------------------------------------------------------------------
 
     @_translate
     def status(self, run_id: str) -> dict[str, Any]:
+        """The run record, typed, plus ``credential_live`` and ``waiting_for_worker`` (the
+        :class:`Waiting` notice as a dict while its current turn waits for a worker, else
+        None)."""
         check_run_id(run_id)
         record = self.store.get(run_id)
         record["credential_live"] = bool(self.redis.exists(self.keys.credential(run_id)))
+        waiting = self._waiting(run_id, record)
+        record["waiting_for_worker"] = None if waiting is None else waiting.as_dict()
         return record
 
     @_translate
+    def waiting(self, run_id: str) -> Waiting | None:
+        """A :class:`Waiting` notice while the run's current turn is queued and no live worker
+        consumes its queue; None otherwise (started, finished, or a worker is there)."""
+        check_run_id(run_id)
+        return self._waiting(run_id, self.store.get(run_id))
+
+    def _waiting(self, run_id: str, record: dict[str, Any]) -> Waiting | None:
+        turn = record.get("current_turn")
+        if record.get("status") not in IN_FLIGHT or not turn:
+            return None
+        if self.redis.exists(self.keys.turn_started(run_id, turn)):
+            return None
+        queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
+        if hosts.alive(self.redis, self.keys, queue):
+            return None
+        since = record.get("updated_at")
+        queued = self.redis.get(self.keys.turn_queued(run_id, turn))
+        if queued:
+            since = json.loads(queued).get("sent_at", since)
+        bound = None
+        if hosts.is_host_queue(queue, self.keys):
+            bound = float(getattr(self.settings, "host_wait_s", 600.0))  # lead: HARNESS_HOST_WAIT_S
+        return Waiting(run_id, int(turn), queue, since, bound)
+
+    @_translate_iter
     def events(
         self,
         run_id: str,
@@ -182,16 +299,11 @@ class HarnessClient:
         """The run's events, oldest first, after the id ``after``.
 
         With ``follow`` waits for new ones: forever, until ``timeout`` seconds pass, or until
-        the terminal event of turn ``until_terminal_of``.
+        the terminal event of turn ``until_terminal_of``. Raises, when iterated, RunNotFound
+        or InvalidInput first, and Unavailable whenever Redis fails (resume after the last id
+        seen).
         """
-        check_run_id(run_id)
-        if after is not None and not _ENTRY_ID.fullmatch(after):
-            raise InvalidInput(f"invalid event id {after[:80]!r}: expected TURN-SEQ, like 3-0")
-        if not self.redis.exists(self.keys.run(run_id)) and not self.redis.exists(
-            self.keys.events(run_id)
-        ):
-            raise RunNotFound(run_id)
-        key = self.keys.events(run_id)
+        key = self._events_key(run_id, after)
         cursor = after or "0-0"
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -207,9 +319,7 @@ class HarnessClient:
                 )
             for entry_id, fields in entries:
                 cursor = entry_id
-                event = StreamEvent(
-                    entry_id, fields["type"], json.loads(fields["data"]), float(fields["ts"])
-                )
+                event = _entry(entry_id, fields)
                 yield event
                 if (
                     until_terminal_of is not None
@@ -222,16 +332,93 @@ class HarnessClient:
             if deadline is not None and time.monotonic() >= deadline:
                 return
 
+    def _events_key(self, run_id: str, after: str | None) -> str:
+        check_run_id(run_id)
+        if after is not None and not _ENTRY_ID.fullmatch(after):
+            raise InvalidInput(f"invalid event id {after[:80]!r}: expected TURN-SEQ, like 3-0")
+        if not self.redis.exists(self.keys.run(run_id)) and not self.redis.exists(
+            self.keys.events(run_id)
+        ):
+            raise RunNotFound(run_id)
+        return self.keys.events(run_id)
+
+    @_translate_iter
+    def follow(
+        self,
+        run_id: str,
+        turn: int,
+        *,
+        after: str | None = None,
+        wait: float | None = None,
+        block_ms: int = 1000,
+    ) -> Iterator[StreamEvent | Waiting]:
+        """Turn ``turn``'s events as they come, up to its terminal event, with a notice.
+
+        Yields the events after ``after`` (default: the turn's first), and once, within a
+        second or two, a :class:`Waiting` notice if the turn is queued where no live worker
+        consumes it; it keeps waiting for one. ``wait`` bounds how long the turn may take to
+        start: past it raises TurnWaitTimeout, and the turn stays queued (cancel it to
+        withdraw it). Once the turn has started there is no bound here (the turn has its own
+        timeout). Unavailable when Redis fails: call again with ``after`` the last event id.
+        """
+        key = self._events_key(run_id, after)
+        cursor = after or _after_previous_turn(turn)
+        began = time.monotonic()
+        started, noticed = False, False
+        next_check = began + CHECK_EVERY_S
+        while True:
+            block = block_ms
+            if not started:
+                block = max(1, min(block_ms, int((next_check - time.monotonic()) * 1000)))
+                if wait is not None:
+                    left = int((began + wait - time.monotonic()) * 1000)
+                    block = max(1, min(block, left))
+            reply = self.redis.xread({key: cursor}, count=1000, block=block)
+            for entry_id, fields in reply[0][1] if reply else []:
+                cursor = entry_id
+                event = _entry(entry_id, fields)
+                started = started or event.turn >= turn
+                yield event
+                if event.terminal and event.turn == turn:
+                    return
+            now = time.monotonic()
+            if started or (now < next_check and (wait is None or now < began + wait)):
+                continue
+            next_check = now + CHECK_EVERY_S
+            if self.redis.exists(self.keys.turn_started(run_id, turn)):
+                started = True
+                continue
+            waiting = self._waiting(run_id, self.store.get(run_id))
+            if wait is not None and now >= began + wait:
+                raise TurnWaitTimeout(run_id, turn, self._gave_up(run_id, turn, wait, waiting))
+            if waiting is not None and not noticed:
+                noticed = True
+                yield waiting
+
+    def _gave_up(self, run_id: str, turn: int, wait: float, waiting: Waiting | None) -> str:
+        text = f"no worker started turn {turn} of run {run_id} within {wait:g}s"
+        if waiting is not None:
+            text += f" (no live worker consumes its queue {waiting.queue})"
+        return text + "; the turn stays queued"
+
     @_translate
     def wait(self, run_id: str, turn: int, timeout: float | None = None) -> StreamEvent:
-        """Block until the turn's terminal event and return it."""
-        after = "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
+        """Block until the turn's terminal event and return it.
+
+        TurnWaitTimeout (a TimeoutError) when ``timeout`` seconds pass first; the turn goes on.
+        """
         for event in self.events(
-            run_id, after=after, follow=True, until_terminal_of=turn, timeout=timeout
+            run_id,
+            after=_after_previous_turn(turn),
+            follow=True,
+            until_terminal_of=turn,
+            timeout=timeout,
         ):
             if event.terminal and event.turn == turn:
                 return event
-        raise TimeoutError(f"turn {turn} of run {run_id} did not end within {timeout}s")
+        raise TurnWaitTimeout(
+            run_id, turn, f"turn {turn} of run {run_id} did not end within {timeout:g}s"
+        )
 
     # -- stopping ---------------------------------------------------------------------------
 
@@ -247,23 +434,31 @@ class HarnessClient:
         self.redis.set(self.keys.cancel(run_id, turn), "1", ex=ttl)
         # A turn still in the queue: claim it so no worker runs it, and end it here.
         if self.redis.set(self.keys.turn_started(run_id, turn), "client-cancel", nx=True, ex=ttl):
-            end_turn_without_harness(
-                self.redis,
-                self.keys,
-                self.store,
-                self.settings.stream_maxlen,
-                run_id,
-                turn,
-                record["harness"],
-                session_error("the turn was cancelled before it started", "cancelled"),
-                run_status="idle",
-                drain_s=30,
+            ref = TurnRef(
+                self.redis, self.keys, self.store, self.settings, run_id, turn, record["harness"]
+            )
+            end_unclaimed_turn(
+                ref, session_error("the turn was cancelled before it started", "cancelled")
             )
         return True
 
     @_translate
-    def end(self, run_id: str, *, wait: bool = True, timeout: float = 60.0) -> dict[str, Any]:
-        """Tear the run down (process, container, workspace per scope, credential). Idempotent."""
+    def end(
+        self,
+        run_id: str,
+        *,
+        wait: bool = True,
+        timeout: float = 60.0,
+        on_wait: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Tear the run down (process, container, workspace per scope, credential). Idempotent.
+
+        With ``wait``, waits up to ``timeout`` seconds for a worker on the run's queue to
+        confirm; past that the run is ended here (credential revoked, the sandbox left to the
+        reaper) and ``last_error`` says so. ``on_wait`` is called once, if the teardown is not
+        confirmed within a second, with a notice: ``{"notice": "waiting", "for": "teardown",
+        "run_id", "queue", "alive" (a live worker consumes the queue), "timeout_s"}``.
+        """
         check_run_id(run_id)
         record = self.store.get(run_id)
         if record["status"] == "ended":
@@ -274,11 +469,25 @@ class HarnessClient:
         self.app.send_task(TASK_END_RUN, args=[run_id], queue=queue)
         if not wait:
             return record
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline, noticed = began + timeout, on_wait is None
         while time.monotonic() < deadline:
             record = self.store.get(run_id)
             if record["status"] == "ended":
                 return record
+            if not noticed and time.monotonic() - began >= END_NOTICE_AFTER_S:
+                noticed = True
+                assert on_wait is not None
+                on_wait(
+                    {
+                        "notice": "waiting",
+                        "for": "teardown",
+                        "run_id": run_id,
+                        "queue": queue,
+                        "alive": hosts.alive(self.redis, self.keys, queue),
+                        "timeout_s": timeout,
+                    }
+                )
             time.sleep(0.1)
         # No worker on the run's host answered in time (gone, or the message is held by a
         # dead one). The run ends here all the same: its credential now, and its sandbox at

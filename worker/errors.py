@@ -5,7 +5,10 @@ HarnessError
 ├── RunNotFound       no such run (CLI exit 1)
 ├── RunBusy           a turn of this run is still in flight (CLI exit 2)
 ├── RunEnded          the run has ended or failed; it takes no more turns (CLI exit 2)
-└── Unavailable       Redis or the broker cannot be reached (CLI exit 1)
+├── Unavailable       Redis or the broker cannot be reached (CLI exit 1); also raised while
+│                     iterating ``events()``, whose caller may resume after the last id seen
+└── TurnWaitTimeout   ``wait()`` or ``follow(wait=...)`` gave up before the turn ended or
+                      started (also a TimeoutError; CLI ``--wait``: exit 124)
 """
 
 from __future__ import annotations
@@ -47,3 +50,14 @@ class RunEnded(HarnessError):
 
 class Unavailable(HarnessError):
     exit_code = 1
+
+
+class TurnWaitTimeout(HarnessError, TimeoutError):
+    """A bounded wait ran out. The turn itself goes on (it stays queued or running)."""
+
+    exit_code = 124  # as timeout(1) exits when its command ran out of time
+
+    def __init__(self, run_id: str, turn: int, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.turn = turn

@@ -148,16 +148,36 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
 
 
 def check_input(text: str, settings: Settings) -> None:
+    """Refuse a turn input that is empty, holds a NUL, is not valid UTF-8 or is too big.
+
+    The client calls it before creating anything; the worker again before it prepares a
+    sandbox. A lone surrogate (U+D800 to U+DFFF) is what invalid UTF-8 becomes in Python
+    (``surrogateescape`` decoding of argv, or a producer's own decoding): it has no UTF-8, so
+    no harness could be handed it.
+    """
     if not text.strip():
         raise InvalidInput("the turn input is empty")
     if "\x00" in text:
         raise InvalidInput("the turn input contains a NUL character")
-    size = len(text.encode("utf-8", errors="surrogatepass"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"the turn input {not_utf8(text, exc)}") from None
     if size > settings.max_input_bytes:
         raise InvalidInput(
             f"the turn input is {size} bytes, over the operator's limit of "
             f"{settings.max_input_bytes} (HARNESS_MAX_INPUT_BYTES)"
         )
+
+
+def not_utf8(text: str, exc: UnicodeEncodeError) -> str:
+    """The end of a sentence saying why ``text`` has no UTF-8 form (``exc`` from encoding it)."""
+    char = text[exc.start]
+    if 0xDC80 <= ord(char) <= 0xDCFF:  # surrogateescape's stand-in for an undecodable byte
+        what = f"byte 0x{ord(char) - 0xDC00:02x}"
+    else:
+        what = f"a lone surrogate U+{ord(char):04X}"
+    return f"is not valid UTF-8 text ({what} at character {exc.start})"
 
 
 def resolve_secrets(options: RunOptions, settings: Settings) -> dict[str, str]:

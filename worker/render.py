@@ -7,6 +7,11 @@ terminal), and a closing line per turn (status, duration, tokens, cost, model, s
 Colour and the spinner appear only when stdout is a terminal (rich also honours ``NO_COLOR``
 and ``FORCE_COLOR``); piped output is plain text, one line per item, never wrapped.
 
+Notices (a turn waiting for a worker, an end waiting for its teardown) go to stderr for a
+person, as ``harness: ...`` lines, and to stdout as JSON objects with a ``notice`` key with
+``--json`` (after the first line, the run id or accepted line, as always). A Redis outage
+while following is said on stderr in both modes.
+
 Text from the harness is data, never markup: it is printed as :class:`rich.text.Text`, with
 control characters (escape sequences a harness could print) shown as visible symbols.
 """
@@ -83,6 +88,39 @@ def format_tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 10_000 else str(n)
 
 
+def format_since(ts: float, now: float | None = None) -> str:
+    """A past moment for a person: local clock time (with the date if not today) and age."""
+    now = time.time() if now is None else now
+    same_day = time.localtime(ts)[:3] == time.localtime(now)[:3]
+    clock = time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return f"{clock} ({format_duration(max(0.0, now - ts))} ago)"
+
+
+def waiting_text(notice: dict[str, Any], now: float | None = None) -> str:
+    """A :class:`worker.client.Waiting` notice (as its dict) in a sentence."""
+    text = f"waiting for a worker on {notice['queue']}"
+    if isinstance(notice.get("since"), int | float):
+        text += f" since {format_since(float(notice['since']), now)}"
+    text += ": no live worker consumes that queue; "
+    bound = notice.get("bound_s")
+    if isinstance(bound, int | float):
+        return text + (
+            f"the turn waits up to {bound:g} s for a worker there, then ends with a sandbox "
+            "error (the run stays usable)"
+        )
+    return text + "the turn stays queued until one starts"
+
+
+def teardown_text(notice: dict[str, Any]) -> str:
+    """The notice of an ``end`` that waits for a worker to tear the run down."""
+    text = f"waiting for a worker on {notice['queue']} to tear the run down… "
+    text += f"(up to {float(notice['timeout_s']):g}s"
+    if not notice.get("alive"):
+        text += "; no live worker consumes that queue now: after that the run is ended here "
+        text += "and the reaper removes its sandbox"
+    return text + ")"
+
+
 @dataclass
 class TurnView:
     """What the renderer has seen of one turn: enough for its closing line."""
@@ -134,11 +172,14 @@ class Renderer:
         *,
         terminal: bool | None = None,
         width: int | None = None,
+        err: TextIO | None = None,
     ) -> None:
         """``terminal`` forces (True) or forbids (False) terminal behaviour, colour and
-        spinner included; None decides from the stream, as rich does."""
+        spinner included; None decides from the stream, as rich does. ``err`` (default
+        stderr) takes a person's notices."""
         self.json = json_output
         self.out = stream or sys.stdout
+        self.err = err or sys.stderr
         self.console = Console(
             file=self.out,
             force_terminal=terminal,
@@ -195,10 +236,42 @@ class Renderer:
         else:
             self._print(Text(text))
 
+    def notice(self, notice: dict[str, Any]) -> None:
+        """A waiting notice (of :meth:`worker.client.HarnessClient.follow` or ``end``)."""
+        if self.json:
+            self._line(json.dumps(notice))
+            return
+        if self._spinner is not None:
+            self._spinner.stop()  # it draws on the terminal stderr shares
+        self._end_text()
+        teardown = notice.get("for") == "teardown"
+        self._say(teardown_text(notice) if teardown else waiting_text(notice))
+        if not teardown:
+            self._wait(f"waiting for a worker on {notice['queue']}")
+
+    def outage(self, error: str) -> None:
+        """Redis went away while following (said on stderr in both modes)."""
+        if self._spinner is not None:
+            self._spinner.stop()
+        self._end_text()
+        self._say(f"Redis is unreachable; retrying… ({error})")
+
+    def recovered(self, after: str | None) -> None:
+        where = f"after {after}" if after else "from the start"
+        self._say(f"Redis is back; resuming {where}")
+
+    def _say(self, text: str) -> None:
+        self.err.write(f"harness: {text}\n")
+        self.err.flush()
+
     def record(self, record: dict[str, Any]) -> None:
         if self.json:
             self._line(json.dumps(record))
             return
+        waiting = record.get("waiting_for_worker")
+        record = {k: v for k, v in record.items() if k != "waiting_for_worker"}
+        if isinstance(waiting, dict):
+            record["waiting"] = waiting_text(waiting)
         if not self.interactive:
             width = max((len(k) for k in record), default=0)
             for key, value in record.items():

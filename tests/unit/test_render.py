@@ -238,3 +238,86 @@ def test_summary_says_when_the_stream_ended_without_a_terminal() -> None:
 )
 def test_durations_read_naturally(seconds: float, shown: str) -> None:
     assert render.format_duration(seconds) == shown
+
+
+# -- notices: a turn waiting for a worker, an end waiting for its teardown -----------------------
+
+NOW = 1_800_000_000.0
+WAITING = {
+    "notice": "waiting",
+    "for": "turn",
+    "run_id": RUN_ID,
+    "turn": 1,
+    "queue": "harness.stdio-json",
+    "since": NOW - 4,
+    "bound_s": None,
+}
+
+
+def test_waiting_text_names_the_queue_and_the_time() -> None:
+    text = render.waiting_text(WAITING, now=NOW)
+    clock = time.strftime("%H:%M:%S", time.localtime(NOW - 4))
+    assert text.startswith(f"waiting for a worker on harness.stdio-json since {clock} (4.0s ago)")
+    assert text.endswith("the turn stays queued until one starts")
+
+
+def test_waiting_text_says_the_bound_of_a_host_queue() -> None:
+    notice = {**WAITING, "queue": "harness.host.docker.abc", "bound_s": 600.0}
+    text = render.waiting_text(notice, now=NOW)
+    assert "waiting for a worker on harness.host.docker.abc since" in text
+    assert "the turn waits up to 600 s for a worker there" in text
+
+
+def test_notice_goes_to_stderr_for_a_person_and_stdout_stays_the_run_id() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    r = Renderer(False, out, err=err)
+    r.accepted(RUN_ID, 1)
+    r.notice(WAITING)
+    r.close()
+    assert out.getvalue().splitlines() == [RUN_ID]
+    assert err.getvalue().startswith("harness: waiting for a worker on harness.stdio-json since ")
+
+
+def test_notice_is_a_json_line_after_the_accepted_line() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    r = Renderer(True, out, err=err)
+    r.accepted(RUN_ID, 1)
+    r.notice(WAITING)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == [{"run_id": RUN_ID, "turn": 1}, WAITING]
+    assert err.getvalue() == ""
+
+
+def test_teardown_notice_says_what_end_waits_for() -> None:
+    err = io.StringIO()
+    r = Renderer(False, io.StringIO(), err=err)
+    notice = {"notice": "waiting", "for": "teardown", "run_id": RUN_ID}
+    r.notice({**notice, "queue": "harness.host.local.a", "alive": True, "timeout_s": 60.0})
+    r.notice({**notice, "queue": "harness.host.local.b", "alive": False, "timeout_s": 60.0})
+    first, second = err.getvalue().splitlines()
+    assert first == (
+        "harness: waiting for a worker on harness.host.local.a to tear the run down… (up to 60s)"
+    )
+    assert "no live worker consumes that queue now" in second
+    assert "the reaper removes its sandbox" in second
+
+
+def test_outage_and_recovery_are_said_on_stderr_in_json_mode_too() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    r = Renderer(True, out, err=err)
+    r.outage("cannot reach Redis: connection refused")
+    r.recovered("1-4")
+    assert out.getvalue() == ""
+    assert err.getvalue().splitlines() == [
+        "harness: Redis is unreachable; retrying… (cannot reach Redis: connection refused)",
+        "harness: Redis is back; resuming after 1-4",
+    ]
+
+
+def test_record_shows_a_waiting_turn_as_a_sentence() -> None:
+    out = io.StringIO()
+    Renderer(False, out).record({**RECORD, "status": "starting", "waiting_for_worker": WAITING})
+    lines = out.getvalue().splitlines()
+    waiting = next(line for line in lines if line.startswith("waiting "))
+    assert "waiting for a worker on harness.stdio-json since" in waiting
+    assert not any(line.startswith("waiting_for_worker") for line in lines)
