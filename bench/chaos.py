@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -67,12 +68,12 @@ ENV = {
 }
 #: Seconds after the load starts, what happens, and to which host.
 SCHEDULE: list[tuple[float, str, str]] = [
-    (4.0, "worker-kill", "a"),
-    (9.0, "worker-term", "b"),
-    (14.0, "host-away", "b"),
-    (33.0, "redis-restart", ""),
-    (39.0, "worker-kill", "b"),
-    (43.0, "worker-term", "a"),
+    (3.0, "worker-kill", "a"),
+    (7.0, "worker-term", "b"),
+    (11.0, "host-away", "b"),
+    (28.0, "redis-restart", ""),
+    (32.0, "worker-kill", "b"),
+    (36.0, "worker-term", "a"),
 ]
 #: Endings a fault may give a turn; anything else (but turn-complete) is a problem.
 FAULT_REASONS = {"worker-lost", "shutdown", "sandbox"}
@@ -303,8 +304,7 @@ class Chaos:
                 for run_id in list(self.runs):
                     record = client.redis.hgetall(client.keys.run(run_id))
                     turn = int(record.get("current_turn") or 0)
-                    owner = client.redis.get(client.keys.turn_owner(run_id, turn))
-                    pid = int(owner.rsplit(":", 1)[1]) if owner else None
+                    pid = owner_pid(client.redis.get(client.keys.turn_owner(run_id, turn)))
                     if pid in by_pid:
                         return by_pid[pid], f"{run_id}/{turn}"
         finally:
@@ -436,6 +436,12 @@ class Chaos:
         }
 
 
+def owner_pid(owner: str | None) -> int | None:
+    """The pid in a turn owner's heartbeat value (``host:pid`` or ``host:pid/token``)."""
+    match = re.search(r":(\d+)(?:/|$)", owner or "")
+    return int(match.group(1)) if match else None
+
+
 def workspace(cluster: Cluster, host: Host, run_id: str) -> Path:
     """A run's workspace on ``host`` (sandbox/docker.py: ``<root>/docker/run/<run_id>``)."""
     return cluster.workspace_root(host) / "docker" / "run" / run_id
@@ -466,7 +472,7 @@ def chaos(
     seed: int = 3,
     workers_per_host: int = 2,
     concurrency: int = 6,
-    stagger_s: float = 2.0,
+    stagger_s: float = 2.5,
 ) -> ChaosReport:
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not installed")
@@ -518,6 +524,9 @@ def chaos(
     logs = [t for r in state.runs.values() for t in r.turns]
     outcomes = Counter(t.outcome or "no terminal" for t in logs)
     completed = outcomes.get("turn-complete", 0)
+    waits = sorted(t.waited_s for t in logs) or [0.0]
+    median, longest = waits[len(waits) // 2], waits[-1]
+    waited = sum(w > HOST_TIMEOUT_S for w in waits)
     lines = [
         f"chaos: {runs} runs x {turns} completed turns on {len(cluster.hosts)} Docker daemons, "
         f"{len(cluster.processes)} workers, no beat, default host queues",
@@ -525,6 +534,8 @@ def chaos(
         "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(state.faults.items())),
         *(f"  {line}" for line in state.fault_log),
         "outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())),
+        f"submit → terminal: p50 {median:.1f}s · longest {longest:.1f}s · "
+        f"{waited} turns over {HOST_TIMEOUT_S:g}s (waiting for a worker or their host)",
         "left after end + reaper pass: " + ", ".join(f"{k} {v}" for k, v in left.items()),
         f"problems: {len(state.problems)}" + "".join(f"\n  - {p}" for p in state.problems[:40]),
     ]

@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.chaos import owner_pid
 from bench.private_redis import PrivateRedis
 from bench.scale_load import Cluster, start_cluster
 from worker.client import HarnessClient
@@ -103,8 +104,9 @@ class Soak:
         """Signal the worker process running this run's turn (found by its heartbeat)."""
         with self.worker_lock, self.store.gate.shared():
             record = client.status(run_id)
-            owner = client.redis.get(client.keys.turn_owner(run_id, record["current_turn"]))
-            pid = int(owner.rsplit(":", 1)[1]) if owner else None
+            pid = owner_pid(
+                client.redis.get(client.keys.turn_owner(run_id, record["current_turn"]))
+            )
             for index, proc in enumerate(self.cluster.processes):
                 if proc.pid == pid and proc.poll() is None:
                     proc.send_signal(sig)
