@@ -28,6 +28,7 @@ ErrorReason = Literal[
     "worker-lost",
     "sandbox",
     "invalid-input",
+    "internal",
 ]
 
 #: Default ``retryable`` per reason, as CONTRACT.md's table states it.
@@ -43,6 +44,7 @@ RETRYABLE_BY_DEFAULT: dict[str, bool] = {
     "worker-lost": True,
     "sandbox": True,
     "invalid-input": False,
+    "internal": True,
 }
 
 

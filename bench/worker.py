@@ -231,9 +231,7 @@ def start_worker(env: IsolatedEnv, *, log_level: str = "info", **overrides: str)
         "BENCH_RECORDS": str(records),
         "BENCH_PARENT_PID": str(os.getpid()),
     }
-    settings = env.settings(**{k.removeprefix("HARNESS_").lower(): v for k, v in overrides.items()})
     r = env.redis()
-    r.hdel(env.keys.hosts(), settings.host_queue)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -254,15 +252,27 @@ def start_worker(env: IsolatedEnv, *, log_level: str = "info", **overrides: str)
             start_new_session=True,
         )
     worker = WorkerProcess(proc, log, records, env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited at start:\n{worker.logs()[-4000:]}")
-        if r.hexists(env.keys.hosts(), settings.host_queue):
-            return worker
-        time.sleep(0.05)
+    if wait_until_consuming(r, env.keys, proc):
+        return worker
     worker.stop()
     raise RuntimeError(f"worker did not become ready:\n{worker.logs()[-4000:]}")
+
+
+def wait_until_consuming(
+    r: redis.Redis, keys: Keys, proc: subprocess.Popen[bytes], timeout_s: float = 60.0
+) -> bool:
+    """Wait until the worker process ``proc`` beats as a consumer (worker/hosts.py): its
+    queues, host queues included, are then being consumed. Raises if it exits first."""
+    worker_key = keys.worker_alive(f"{socket.gethostname()}:{proc.pid}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.args if isinstance(proc.args, str) else " ".join(map(str, proc.args))
+            raise RuntimeError(f"worker exited at start ({out}): see its log")
+        if r.exists(worker_key):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def iter_records(worker: WorkerProcess, message: str) -> Iterator[dict[str, Any]]:

@@ -7,7 +7,6 @@ the variable, so a worker with a bad setting fails at start with a sentence, not
 
 from __future__ import annotations
 
-import socket
 from functools import lru_cache
 from typing import Annotated, Literal
 
@@ -82,8 +81,6 @@ class Settings(BaseSettings):
     """Between SIGTERM and SIGKILL when a turn is stopped."""
     shutdown_grace_s: float = Field(10.0, ge=0)
     """On a warm shutdown, how long in-flight turns may still run before they are stopped."""
-    teardown_on_shutdown: bool = True
-    """Remove a stopped run's container on shutdown (its next turn starts a fresh one)."""
     max_line_bytes: int = Field(8 * 1024 * 1024, gt=1024)
 
     # Redis retention
@@ -95,8 +92,10 @@ class Settings(BaseSettings):
     concurrency: int = Field(32, gt=0, le=1024)
     pool: Literal["threads", "prefork", "solo"] = "threads"
     host_queue: str = Field("", pattern=r"^[A-Za-z0-9_.@:-]*$")
-    """This host's queue (default ``<key_prefix>.host.<hostname>``): later turns of a run
-    whose sandbox lives here are routed to it."""
+    """Override of this worker's host queue. By default it names where a run's sandbox lives:
+    ``<key_prefix>.host.docker.<daemon ID>`` for Docker (every worker on one daemon shares it),
+    ``<key_prefix>.host.local.<hostname>`` for the local sandbox. Later turns of a run whose
+    sandbox lives there are routed to it."""
     harness_queues: CommaList = ()
     """Harness queues this worker consumes (default: all)."""
     reap_interval_s: float = Field(60.0, gt=0)
@@ -109,7 +108,10 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(0, ge=0)
     """Broker redelivery delay for unacknowledged turns; 0 = above the longest allowed turn."""
     host_timeout_s: float = Field(30.0, gt=0)
-    """How long a turn waits for a worker on its run's Docker host before failing."""
+    """A queue's consumer heartbeat lives this long: a worker silent this long is away."""
+    host_wait_s: float = Field(600.0, gt=0)
+    """How long a turn waits, queued, for a worker on its run's host before it ends with a
+    ``sandbox`` error (the run and its workspace are kept: submit the turn again later)."""
     metrics_port: int = Field(9540, ge=0, le=65535)
     """Port of the worker's Prometheus endpoint (0: off). Several workers on one machine
     need one port each; in containers every worker can keep the default."""
@@ -164,14 +166,6 @@ class Settings(BaseSettings):
                 result[name.strip()] = tuple(n.strip() for n in names.split("|") if n.strip())
             return result
         return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_host_queue(cls, data: object) -> object:
-        if isinstance(data, dict) and not data.get("host_queue"):
-            prefix = data.get("key_prefix") or "harness"
-            data = {**data, "host_queue": f"{prefix}.host.{socket.gethostname()}"}
-        return data
 
     @model_validator(mode="after")
     def _coherent(self) -> Settings:

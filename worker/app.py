@@ -25,7 +25,9 @@ def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     consumed = settings.harness_queues or HARNESS_IDS
     prefix = settings.key_prefix
-    queues = [Queue(harness_queue(h, prefix)) for h in consumed] + [Queue(settings.host_queue)]
+    # The worker adds its host queues when it starts (worker/tasks.py): they name where its
+    # sandboxes live, which only a worker asks (the Docker daemon's ID).
+    queues = [Queue(harness_queue(h, prefix)) for h in consumed]
     app = Celery("harness-worker", broker=settings.broker_url, include=["worker.tasks"])
     app.conf.update(
         task_queues=queues,

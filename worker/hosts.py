@@ -1,16 +1,21 @@
-"""Which Docker hosts have a live worker: a heartbeat key per host queue.
+"""Which queues have a live consumer, and which host queue a worker serves.
 
-A run's container lives on one host, so its later turns must reach a worker there. Each
-worker refreshes ``<prefix>:host:<queue>`` every few seconds; when it lapses, turns routed to
-that queue would wait forever, so producers are refused at once and queued turns are closed
-by the reaper with a ``sandbox`` error.
+A run's sandbox lives in one place (a Docker daemon, or the machine of a local sandbox), so
+its later turns must reach a worker there: the run record names that place's host queue.
+Every worker refreshes, every few seconds, a key per queue it consumes (its harness queues
+and its host queues) and a key of its own; when they lapse the worker is away. Producers use
+this to say that a turn waits, the reaper to decide how long a turn has waited for a host.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 
+from config import Settings
+from sandbox.base import SandboxError
+from sandbox.identity import docker_location, local_location
 from worker.keys import Keys, SyncRedis
 
 log = logging.getLogger(__name__)
@@ -23,25 +28,97 @@ def is_host_queue(queue: str, keys: Keys) -> bool:
 
 
 def alive(client: SyncRedis, keys: Keys, queue: str) -> bool:
+    """True while some live worker consumes ``queue`` (any queue: harness or host)."""
     return bool(client.exists(keys.host_alive(queue)))
 
 
+def backends_served(settings: Settings) -> tuple[str, ...]:
+    allowed = settings.allowed_sandboxes
+    served = {settings.sandbox}
+    for backend in ("docker", "local"):
+        if backend in allowed or "*" in allowed:
+            served.add(backend)
+    return tuple(sorted(served))
+
+
+def host_queues(settings: Settings) -> dict[str, str]:
+    """For each sandbox backend this worker serves, the queue of the place its sandboxes live.
+
+    ``HARNESS_HOST_QUEUE`` names one queue for all of them. Otherwise the Docker backend's
+    queue names its daemon (by ID) and the local backend's this machine. A daemon that does
+    not answer fails the worker's start when Docker is its default backend (it could place no
+    run), and only drops Docker's queue when Docker is merely allowed.
+    """
+    backends = backends_served(settings)
+    if settings.host_queue:
+        return {backend: settings.host_queue for backend in backends}
+    queues: dict[str, str] = {}
+    for backend in backends:
+        if backend == "local":
+            where = local_location()
+        else:
+            try:
+                where = docker_location(settings.docker_url)
+            except SandboxError as exc:
+                if settings.sandbox == "docker":
+                    raise
+                log.warning("host.docker_unavailable", extra={"error": str(exc)})
+                continue
+        queues[backend] = f"{settings.key_prefix}.host.{where}"
+    return queues
+
+
+def beat_once(
+    client: SyncRedis,
+    keys: Keys,
+    queues: Iterable[str],
+    host_queues_: Iterable[str],
+    worker_id: str,
+    ttl_s: float,
+) -> None:
+    ttl = max(int(ttl_s), 2)
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.set(keys.host_alive(queue), worker_id, ex=ttl)
+    for queue in host_queues_:
+        pipe.hset(keys.hosts(), queue, worker_id)
+    pipe.set(keys.worker_alive(worker_id), ",".join(sorted(set(queues))), ex=ttl)
+    pipe.execute()
+
+
 def start_heartbeat(
-    client: SyncRedis, keys: Keys, queue: str, worker_id: str, ttl_s: float
+    client: SyncRedis,
+    keys: Keys,
+    queues: Iterable[str],
+    host_queues_: Iterable[str],
+    worker_id: str,
+    ttl_s: float,
 ) -> threading.Event:
-    """Refresh this host's heartbeat until the returned event is set."""
+    """Refresh the consumer keys of ``queues`` until the returned event is set; the first
+    beat happens before this returns, so a producer sees the worker as soon as it consumes."""
     stop = threading.Event()
+    consumed, hosted = tuple(queues), tuple(host_queues_)
+    beat_once(client, keys, consumed, hosted, worker_id, ttl_s)
 
     def beat() -> None:
-        while not stop.is_set():
+        while not stop.wait(BEAT_INTERVAL_S):
             try:
-                pipe = client.pipeline(transaction=False)
-                pipe.set(keys.host_alive(queue), worker_id, ex=max(int(ttl_s), 2))
-                pipe.hset(keys.hosts(), queue, worker_id)
-                pipe.execute()
+                beat_once(client, keys, consumed, hosted, worker_id, ttl_s)
             except Exception as exc:  # noqa: BLE001 -- Redis away: try again next beat
-                log.warning("host.heartbeat_failed", extra={"queue": queue, "error": str(exc)})
-            stop.wait(BEAT_INTERVAL_S)
+                log.warning("host.heartbeat_failed", extra={"error": str(exc)})
 
     threading.Thread(target=beat, name="host-heartbeat", daemon=True).start()
     return stop
+
+
+def stop_heartbeat(client: SyncRedis, keys: Keys, queues: Iterable[str], worker_id: str) -> None:
+    """A worker leaving on purpose: drop its keys now, unless another worker refreshed them."""
+    for queue in queues:
+        client.eval(_DELETE_IF_MINE, 1, keys.host_alive(queue), worker_id)
+    client.delete(keys.worker_alive(worker_id))
+
+
+_DELETE_IF_MINE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

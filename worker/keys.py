@@ -59,5 +59,15 @@ class Keys:
         return f"{self.prefix}:hosts"
 
     def host_alive(self, queue: str) -> str:
-        """Set, with a short expiry, while a worker consumes this host queue."""
+        """Set, with a short expiry, while a live worker consumes this queue (a host queue or
+        a harness queue)."""
         return f"{self.prefix}:host:{queue}"
+
+    def worker_alive(self, worker_id: str) -> str:
+        """Set, with a short expiry, while this worker process is up and consuming."""
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def reaper_lock(self, scope: str) -> str:
+        """Held by the worker running a reaper pass over ``scope`` (``fleet`` or a host
+        queue), so that passes over the same things never overlap."""
+        return f"{self.prefix}:reaper:{scope}"

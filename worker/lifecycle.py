@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +20,8 @@ from worker.errors import RunNotFound
 from worker.keys import Keys, SyncRedis
 from worker.publisher import last_seq
 from worker.records import FINISHED, IN_FLIGHT, RunStore
-from worker.turn import TurnDeps, close_lost_turn, end_turn_without_harness
+from worker.turn import TurnDeps, close_lost_turn
+from worker.turn_life import TurnRef, end_unclaimed_turn
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +64,16 @@ def _wait_for_turn_to_stop(deps: TurnDeps, run_id: str, record: dict[str, Any]) 
 class ReapReport:
     sandboxes: list[str] = field(default_factory=list)
     lost_turns: list[str] = field(default_factory=list)
+    waited_out: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    """Sandbox backends that could not be asked for their sandboxes, with the error."""
 
     def lines(self) -> list[str]:
         out = [f"removed sandbox of run {r}" for r in self.sandboxes]
         out += [f"closed turn {t} (worker lost)" for t in self.lost_turns]
+        out += [f"closed turn {t} (its host had no worker for too long)" for t in self.waited_out]
         out += [f"sent turn {t} again (no worker had taken it)" for t in self.resent]
         return out
 
@@ -120,22 +128,79 @@ def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
         report.lost_turns.append(f"{run_id}/{turn}")
 
 
-def reap_here() -> list[str]:
-    """One reaper pass over this host's sandboxes and every run's in-flight turns."""
-    from worker import runtime
+def reap_here(deps: TurnDeps | None = None) -> ReapReport:
+    """One full reaper pass from here, without the fleet's locks (an operator's ``harness
+    reap``, beat's fan-out): every run's in-flight turns, then this host's sandboxes."""
+    if deps is None:
+        from worker import runtime
 
-    deps = runtime.deps()
+        deps = runtime.deps()
     report = ReapReport()
-    # First: a lost or stranded turn fails its run, whose sandbox then goes in the same pass.
-    close_lost_turns(deps, report)
-    close_stranded_turns(deps, report)
-    report.resent += resend_unclaimed_turns(deps, _sender(deps))
+    _reap_turns(deps, report)
     for backend in ("docker", "local"):
         try:
             reap_sandboxes(deps, deps.sandbox_for(backend), report)
         except SandboxError as exc:
-            log.info("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
-    return report.lines()
+            if backend == deps.settings.sandbox or backend in deps.host_queues:
+                report.unreachable.append(f"{backend}: {exc}")
+            log.warning("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
+    return report
+
+
+def _reap_turns(deps: TurnDeps, report: ReapReport) -> None:
+    # A lost turn is closed first; the run stays usable, so its sandbox is kept.
+    close_lost_turns(deps, report)
+    close_stranded_turns(deps, report)
+    report.resent += resend_unclaimed_turns(deps, _sender(deps))
+
+
+def reap_pass(deps: TurnDeps) -> ReapReport:
+    """The pass every worker runs on its timer. The fleet-wide part (turns) runs in one worker
+    per interval, the sandbox part in one worker per host per interval: a lock in Redis that
+    lives one interval decides which, so passes never overlap and no beat process is needed.
+    """
+    report = ReapReport()
+    interval = deps.settings.reap_interval_s
+    if _take_lock(deps, "fleet", interval):
+        _reap_turns(deps, report)
+    for backend, queue in sorted(deps.host_queues.items()):
+        if not _take_lock(deps, f"{queue}:{backend}", interval):
+            continue
+        try:
+            reap_sandboxes(deps, deps.sandbox_for(backend), report)
+        except SandboxError as exc:
+            report.unreachable.append(f"{backend}: {exc}")
+            log.warning("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
+        if backend == "docker":
+            warm_pools(deps)  # replace warm containers that expired unclaimed
+    for line in report.lines():
+        log.info("reaper.pass", extra={"done": line})
+    return report
+
+
+def _take_lock(deps: TurnDeps, scope: str, interval_s: float) -> bool:
+    token = f"{deps.worker_id}/{uuid.uuid4().hex[:8]}"
+    ttl_ms = max(int(interval_s * 1000 * 0.9), 200)
+    return bool(deps.redis.set(deps.keys.reaper_lock(scope), token, nx=True, px=ttl_ms))
+
+
+def start_reaper(deps: TurnDeps) -> threading.Event:
+    """Run :func:`reap_pass` now and then every few seconds (each pass takes its locks, so
+    the fleet reaps about once per HARNESS_REAP_INTERVAL_S whatever its size)."""
+    stop = threading.Event()
+    tick = min(max(deps.settings.reap_interval_s / 4, 0.5), 15.0)
+
+    def loop() -> None:
+        while True:
+            try:
+                reap_pass(deps)
+            except Exception as exc:  # noqa: BLE001 -- Redis or Docker away: next tick
+                log.warning("reaper.pass_failed", extra={"error": str(exc)})
+            if stop.wait(tick):
+                return
+
+    threading.Thread(target=loop, name="reaper", daemon=True).start()
+    return stop
 
 
 def fail_stranded_turn(
@@ -148,34 +213,28 @@ def fail_stranded_turn(
     harness: str,
     queue: str,
 ) -> bool:
-    """End a turn routed to a host that has no live worker. False if a worker took it."""
+    """End a turn that waited HARNESS_HOST_WAIT_S for a worker on its run's host. The run
+    stays usable and keeps its sandbox. False if a worker took the turn meanwhile."""
     ttl = settings.retention_s + settings.run_lease_s
-    if not deps_redis.set(keys.turn_started(run_id, turn), "host-gone", nx=True, ex=ttl):
+    if not deps_redis.set(keys.turn_started(run_id, turn), "host-away", nx=True, ex=ttl):
         return False
     error = (
-        f"no worker is consuming {queue}: the host of this run's container is gone "
-        "(start a worker there, or end the run and start a new one)"
+        f"no worker consumed {queue}, the host of this run's sandbox, for "
+        f"{settings.host_wait_s:g}s (HARNESS_HOST_WAIT_S); the run and its workspace are "
+        "kept there: submit the turn again once a worker runs on that host, or end the run"
     )
-    end_turn_without_harness(
-        deps_redis,
-        keys,
-        store,
-        settings.stream_maxlen,
-        run_id,
-        turn,
-        harness,
-        session_error(error, "sandbox"),
-        run_status="failed",
-        drain_s=30,
-    )
+    ref = TurnRef(deps_redis, keys, store, settings, run_id, turn, harness)
+    end_unclaimed_turn(ref, session_error(error, "sandbox"), run_status="idle")
+    deps_redis.delete(keys.turn_queued(run_id, turn))
     credentials.revoke(deps_redis, keys, run_id)
     metrics.turn_failed(harness, "sandbox")
-    log.warning("turn.host_gone", extra={"run_id": run_id, "turn": turn, "queue": queue})
+    log.warning("turn.host_away", extra={"run_id": run_id, "turn": turn, "queue": queue})
     return True
 
 
 def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> None:
-    """Close queued turns whose run's host has no live worker any more."""
+    """Close queued turns that waited too long for a worker on their run's host."""
+    now = time.time()
     for run_id in deps.redis.smembers(deps.keys.runs_index()):
         raw = deps.redis.hgetall(deps.keys.run(run_id))
         if not raw or raw.get("status") not in IN_FLIGHT:
@@ -184,9 +243,12 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
         if not hosts.is_host_queue(queue, deps.keys) or hosts.alive(deps.redis, deps.keys, queue):
             continue
         turn = int(raw.get("current_turn") or 0)
+        if not turn or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+            continue
+        if now - _sent_at(deps, run_id, turn, raw) < deps.settings.host_wait_s:
+            continue
         if (
-            turn
-            and fail_stranded_turn(
+            fail_stranded_turn(
                 deps.redis,
                 deps.keys,
                 deps.store,
@@ -198,7 +260,19 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
             )
             and report is not None
         ):
-            report.lost_turns.append(f"{run_id}/{turn}")
+            report.waited_out.append(f"{run_id}/{turn}")
+
+
+def _sent_at(deps: TurnDeps, run_id: str, turn: int, raw: dict[str, str]) -> float:
+    """When the turn was first sent: its queued entry says; the record's last update is the
+    fallback (a producer that sent it set the run running then)."""
+    entry = deps.redis.get(deps.keys.turn_queued(run_id, turn))
+    if entry:
+        with contextlib.suppress(ValueError, TypeError):
+            first = json.loads(entry).get("first_sent_at") or json.loads(entry).get("sent_at")
+            if first:
+                return float(first)
+    return float(raw.get("updated_at") or time.time())
 
 
 def warm_pools(deps: TurnDeps) -> int:
@@ -282,6 +356,7 @@ def resend_unclaimed_turns(
         queue = str(entry.get("queue") or "")
         if hosts.is_host_queue(queue, deps.keys) and not hosts.alive(deps.redis, deps.keys, queue):
             continue  # close_stranded_turns ends it instead
+        entry.setdefault("first_sent_at", entry.get("sent_at", now))
         entry["sent_at"] = now
         deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
         send(entry["payload"], queue)

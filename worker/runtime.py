@@ -16,7 +16,7 @@ from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
 from worker.keys import Keys, SyncRedis
 from worker.records import RunStore
-from worker.turn import Shutdown, TurnDeps
+from worker.turn_deps import Shutdown, TurnDeps
 
 _lock = threading.Lock()
 _sandboxes: dict[str, Sandbox] = {}

@@ -9,17 +9,29 @@ from typing import Any
 
 import redis
 from celery import Task
-from celery.signals import setup_logging, worker_ready, worker_shutting_down
+from celery.signals import (
+    celeryd_after_setup,
+    setup_logging,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+from kombu.entity import Queue
 
+from adapters.events import session_error
 from config import get_settings
 from worker import hosts, lifecycle, logs, metrics, runtime
 from worker.app import app
 from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST
-from worker.publisher import last_seq
+from worker.errors import RunNotFound
 from worker.spec import TurnPayload
-from worker.turn import close_lost_turn, execute_turn
+from worker.turn import execute_turn
+from worker.turn_life import TurnRef, end_unclaimed_turn
 
 log = logging.getLogger(__name__)
+
+_stops: list[threading.Event] = []
+_consumed: list[str] = []
 
 
 @app.task(name="harness.run_turn", bind=True, acks_late=True, max_retries=30)
@@ -28,16 +40,24 @@ def run_turn(self: Task, payload: dict[str, Any]) -> str:
     deps = runtime.deps()
     try:
         with logs.context(run_id=turn.run_id, turn=turn.turn):
-            return execute_turn(deps, turn)
+            return execute_turn(deps, turn, delivery=self.request.id)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        # Redis unreachable before the turn could be taken: try again shortly.
+        # Redis unreachable before the turn was claimed: nothing happened yet, try again.
         raise self.retry(exc=exc, countdown=2) from exc
     except Exception as exc:
+        # Before the claim (a claimed turn is ended by execute_turn on every path): the
+        # turn cannot be taken as it is, so it ends here with the worker's error.
         log.exception("turn.internal_error", extra={"run_id": turn.run_id, "turn": turn.turn})
-        _, last_type = last_seq(deps.redis, deps.keys, turn.run_id, turn.turn)
-        if last_type not in ("turn-complete", "session-error"):
-            close_lost_turn(deps, turn.run_id, turn.turn, "", error=f"internal error: {exc}")
-        return "internal-error"
+        try:
+            harness = deps.store.raw(turn.run_id).get("harness", "")
+        except RunNotFound:
+            return "unknown-run"
+        ref = TurnRef(
+            deps.redis, deps.keys, deps.store, deps.settings, turn.run_id, turn.turn, harness
+        )
+        problem = f"internal error of the worker: {type(exc).__name__}: {exc}"
+        end_unclaimed_turn(ref, session_error(problem, "internal"))
+        return "failed:internal"
 
 
 @app.task(name=TASK_END_RUN, acks_late=True)
@@ -47,19 +67,20 @@ def end_run(run_id: str) -> bool:
 
 @app.task(name=TASK_REAP_HOST)
 def reap_host() -> list[str]:
-    removed = lifecycle.reap_here()
-    lifecycle.warm_pools(runtime.deps())  # replace warm containers that expired unclaimed
-    return removed
+    deps = runtime.deps()
+    report = lifecycle.reap_here(deps)
+    lifecycle.warm_pools(deps)  # replace warm containers that expired unclaimed
+    return report.lines() + [f"unreachable {u}" for u in report.unreachable]
 
 
 @app.task(name=TASK_REAP)
 def reap() -> int:
-    """Fan the reaper out to every host that has a live worker."""
+    """Beat's reaper (optional: every worker reaps on its own timer): fan out to every host
+    that has a live worker, and close what waited too long for its host."""
     deps = runtime.deps()
     live = [q for q in deps.redis.hkeys(deps.keys.hosts()) if hosts.alive(deps.redis, deps.keys, q)]
     for queue in live:
         reap_host.apply_async(queue=queue)
-    # Turns routed to a host that is gone would wait forever: close them here.
     lifecycle.close_stranded_turns(deps)
     return len(live)
 
@@ -70,25 +91,36 @@ def _setup_logging(loglevel: int | str | None = None, **_: object) -> None:
     logs.configure(get_settings().log_format, loglevel or "INFO")
 
 
+@celeryd_after_setup.connect
+def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
+    """Consume the queues of the places this worker's sandboxes live (the Docker daemon by
+    its ID, this machine for the local sandbox): a run's later turns are routed there."""
+    deps = runtime.deps()
+    deps.host_queues.update(hosts.host_queues(deps.settings))
+    for queue in sorted(set(deps.host_queues.values())):
+        instance.app.amqp.queues.select_add(Queue(queue))
+    log.info("worker.host_queues", extra={"queues": deps.host_queues})
+
+
 @worker_ready.connect
-def _announce(**_: object) -> None:
-    """Register this host's queue, serve metrics, clean up after what crashed here before."""
+def _announce(sender: Any = None, **_: object) -> None:
+    """Heartbeat every consumed queue, serve metrics, start the reaper, warm the pools."""
     deps = runtime.deps()
     metrics.serve(deps.settings.metrics_port, deps.settings.metrics_addr)
-    hosts.start_heartbeat(
-        deps.redis,
-        deps.keys,
-        deps.settings.host_queue,
-        deps.worker_id,
-        ttl_s=deps.settings.host_timeout_s,
+    consumed = list(sender.app.amqp.queues.consume_from) if sender is not None else []
+    _consumed[:] = sorted(set(consumed) | set(deps.host_queues.values()))
+    _stops.append(
+        hosts.start_heartbeat(
+            deps.redis,
+            deps.keys,
+            _consumed,
+            sorted(set(deps.host_queues.values())),
+            deps.worker_id,
+            ttl_s=deps.settings.host_timeout_s,
+        )
     )
-    deps.redis.hset(deps.keys.hosts(), deps.settings.host_queue, deps.worker_id)
     _stop_turns_before_cold_shutdown()
-    try:
-        for line in lifecycle.reap_here():
-            log.info("reaper.startup", extra={"removed": line})
-    except Exception:
-        log.exception("reaper.startup_failed")
+    _stops.append(lifecycle.start_reaper(deps))
     threading.Thread(
         target=lifecycle.warm_pools, args=(deps,), name="warm-pool", daemon=True
     ).start()
@@ -127,3 +159,15 @@ def _shutting_down(how: str = "Warm", **_: object) -> None:
     else:
         shutdown.request()
     lifecycle.drain_pools(deps)
+
+
+@worker_shutdown.connect
+def _gone(**_: object) -> None:
+    """The worker has stopped consuming: stop beating, so producers learn it at once."""
+    deps = runtime.deps()
+    for stop in _stops:
+        stop.set()
+    try:
+        hosts.stop_heartbeat(deps.redis, deps.keys, _consumed, deps.worker_id)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("host.heartbeat_stop_failed", extra={"error": str(exc)})

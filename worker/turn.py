@@ -1,10 +1,10 @@
 """One turn of a run, from a decoded payload to its terminal event. Knows nothing of Celery.
 
-Every path ends the turn with exactly one terminal event, published after the run record
-is updated: success, harness failure, invalid input, sandbox failure, cancel, timeout,
-worker shutdown. A redelivered turn never runs the harness twice: the first worker to take
-a turn marks it started; a later delivery finds the mark and either sees the turn finished,
-sees its owner alive, or (owner dead) closes it with ``worker-lost``.
+The turn's life (claim, heartbeat, credential, Redis patience, the one terminal writer) is
+:mod:`worker.turn_life`'s; this module is the procedure: check, prepare the sandbox, run the
+harness (again, fresh, when its resume is rejected), and close. A redelivered turn never runs
+the harness twice: the first delivery claims it; a later one finds the mark and either sees
+the turn finished, sees its owner alive, or (owner dead) closes it with ``worker-lost``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,9 @@ import contextlib
 import dataclasses
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-
-import redis
 
 import adapters
 from adapters.events import (
@@ -32,134 +28,82 @@ from adapters.events import (
 )
 from adapters.protocol import TurnRequest
 from adapters.stream import StreamDriver
-from config import Settings
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
-from worker import attempt, credentials, logs, metrics
-from worker.app_names import harness_queue
+from worker import attempt, logs, metrics
 from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
-from worker.keys import Keys, SyncRedis
 from worker.policy import check_input, resolve, resolve_secrets
 from worker.publisher import Masker, RedisStreamPublisher, last_seq
-from worker.records import RunStore
 from worker.spec import RunOptions, TurnPayload
+from worker.turn_deps import Shutdown, TurnDeps
+from worker.turn_life import TurnLife, TurnRef, end_unclaimed_turn
+
+__all__ = ["Shutdown", "TurnDeps", "close_lost_turn", "execute_turn"]
 
 log = logging.getLogger(__name__)
 
-# Take a turn: the started mark and the owner's heartbeat are set together or not at all, so
-# a Redis error between the two cannot make a turn that never ran look like a lost one.
-_CLAIM_TURN = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
-  return 1
-end
-return 0
-"""
 
-REDIS_PATIENCE_S = 600.0
-"""How long a finished turn keeps trying to reach Redis before giving up its events."""
+def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = None) -> str:
+    """Run one turn to its terminal event. Returns a short outcome label for logs and Flower.
 
-
-@dataclass
-class Shutdown:
-    """Set when the worker begins a warm shutdown; turns get ``grace_s`` to finish."""
-
-    grace_s: float
-    requested_at: float | None = None
-    event: threading.Event = dataclasses.field(default_factory=threading.Event)
-    active: int = 0
-    _lock: threading.Condition = dataclasses.field(default_factory=threading.Condition)
-
-    def request(self, *, immediate: bool = False) -> None:
-        if immediate:
-            self.grace_s = 0.0
-        if self.requested_at is None:
-            self.requested_at = time.monotonic()
-        self.event.set()
-
-    def enter(self) -> None:
-        with self._lock:
-            self.active += 1
-
-    def leave(self) -> None:
-        with self._lock:
-            self.active -= 1
-            self._lock.notify_all()
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Block until no turn is in flight (used by a cold shutdown before the process exits)."""
-        with self._lock:
-            return self._lock.wait_for(lambda: self.active == 0, timeout_s)
-
-    def expired(self) -> bool:
-        return self.requested_at is not None and (
-            time.monotonic() - self.requested_at >= self.grace_s
-        )
-
-
-@dataclass
-class TurnDeps:
-    settings: Settings
-    redis: SyncRedis
-    keys: Keys
-    store: RunStore
-    sandbox_for: Callable[[str], Sandbox]
-    worker_id: str
-    shutdown: Shutdown
-
-
-def execute_turn(deps: TurnDeps, payload: TurnPayload) -> str:
-    """Run one turn to its terminal event. Returns a short outcome label for logs and Flower."""
+    Redis errors before the turn is claimed propagate (nothing happened: the delivery may be
+    tried again, and ``delivery`` lets the retry recognise a claim whose reply was lost).
+    Once claimed, the turn is ended here on every path, an error of the worker included.
+    """
     run_id, turn = payload.run_id, payload.turn
-    keys = deps.keys
     try:
         options = deps.store.options(run_id)
     except RunNotFound:
         log.warning("turn.unknown_run", extra={"run_id": run_id, "turn": turn})
         return "unknown-run"
 
-    started_ttl = deps.settings.retention_s + deps.settings.run_lease_s
-    owner_key = keys.turn_owner(run_id, turn)
-    claimed = deps.redis.eval(
-        _CLAIM_TURN,
-        2,
-        keys.turn_started(run_id, turn),
-        owner_key,
-        deps.worker_id,
-        started_ttl,
-        deps.settings.heartbeat_ttl_s,
-    )
-    if not claimed:
+    life = TurnLife(deps, run_id, turn, options.harness)
+    if not life.claim(delivery):
         return _redelivered(deps, run_id, turn, options)
-    deps.redis.delete(keys.turn_queued(run_id, turn))
 
     logs.bind(harness=options.harness)
     log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
-    started, outcome = metrics.turn_started(options.harness), "internal-error"
+    started, outcome = metrics.turn_started(options.harness), "failed:internal"
     deps.shutdown.enter()
     try:
-        outcome = _run(deps, payload, options)
-        return outcome
+        life.patience.call(lambda: deps.redis.delete(deps.keys.turn_queued(run_id, turn)))
+        outcome = _run(deps, payload, options, life)
+    except Exception as exc:
+        log.exception("turn.internal_error", extra={"run_id": run_id, "turn": turn})
+        if not life.ended:
+            try:
+                outcome = life.end_internal(exc)
+            except Exception:
+                # Redis stayed away past the turn's patience: nothing can be written now. The
+                # owner heartbeat lapses and the reaper closes the turn once Redis is back.
+                log.exception("turn.internal_error_unrecorded", extra={"run_id": run_id})
     finally:
         deps.shutdown.leave()
         metrics.turn_finished(options.harness, outcome, started)
-        _retry_redis(lambda: deps.redis.delete(owner_key))
+        life.release()
+    return outcome
 
 
-def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
+def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLife) -> str:
     run_id, turn, settings = payload.run_id, payload.turn, deps.settings
+    wait = life.patience.call
     adapter = adapters.get(options.harness)
-    publisher = RedisStreamPublisher(
-        deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen
+    out = attempt.Publishing(
+        RedisStreamPublisher(deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen)
     )
-    out = attempt.Publishing(publisher)
+    life.usage = out.usage.as_tuple
     header = TurnStarted(harness=options.harness, attempt=1, input_chars=len(payload.input))
+
+    def started() -> None:
+        """The turn has published its ``turn-started``: its terminal continues that stream."""
+        life.publisher = out.publisher
 
     def refuse(error: SessionError, *, run_status: str = "idle") -> str:
         out.send([header])
-        return _close(deps, payload, options, out, error, run_status=run_status, final_text=None)
+        started()
+        return _close(payload, out, life, error, run_status=run_status, final_text=None)
 
-    if deps.redis.exists(deps.keys.cancel(run_id, turn)):
+    if wait(lambda: deps.redis.exists(deps.keys.cancel(run_id, turn))):
         return refuse(session_error("the turn was cancelled before it started", "cancelled"))
     try:
         resolved = resolve(options, settings)
@@ -169,14 +113,13 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         return refuse(
             session_error(str(exc), "invalid-input"), run_status=_status_after_refusal(turn)
         )
-    credential_ttl = int(settings.run_lease_s + settings.max_turn_timeout_s)
-    secrets[CREDENTIAL_ENV] = credentials.issue(deps.redis, deps.keys, run_id, credential_ttl)
+    secrets[CREDENTIAL_ENV] = life.issue_credential()
     logs.mask(secrets)
     out.publisher = RedisStreamPublisher(
         deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
     )
 
-    record = deps.store.get(run_id)
+    record = wait(lambda: deps.store.get(run_id))
     sandbox = deps.sandbox_for(resolved.sandbox)
     lease_until = time.time() + settings.run_lease_s
     try:
@@ -197,20 +140,29 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         )
         sandbox.renew(run_id, lease_until)
     except SandboxError as exc:
-        if turn == 1:
+        log.warning(
+            "sandbox.prepare_failed",
+            extra={"run_id": run_id, "turn": turn, "backend": sandbox.backend, "error": str(exc)},
+        )
+        first_and_alone = turn == 1 and not record.get("container_id")
+        if first_and_alone:
+            # Nothing of the run exists yet but what this attempt left: remove it.
             sandbox.teardown(run_id, keep_workspace=options.workspace is not None)
-            credentials.revoke(deps.redis, deps.keys, run_id)
+            life.revoke_credential()
         return refuse(
             session_error(f"the sandbox could not be prepared: {exc}", "sandbox"),
-            run_status="failed" if turn == 1 else "idle",
+            run_status="failed" if first_and_alone else "idle",
         )
-    deps.store.mark_running(run_id)
-    deps.store.update(
-        run_id,
-        container_id=placement.container_id,
-        queue=settings.host_queue,
-        lease_until=lease_until,
-        sandbox=placement.backend,
+    wait(lambda: deps.store.mark_running(run_id))
+    host_queue = deps.host_queues.get(placement.backend) or record.get("queue")
+    wait(
+        lambda: deps.store.update(
+            run_id,
+            container_id=placement.container_id,
+            queue=host_queue,
+            lease_until=lease_until,
+            sandbox=placement.backend,
+        )
     )
     log.info(
         "sandbox.ready",
@@ -220,7 +172,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
     request = _request(options, payload, placement, record, resolved.executable, secrets)
     warning = adapter.policy_warning(request)
     if warning and turn == 1:
-        deps.store.update(run_id, warnings=[warning])
+        wait(lambda: deps.store.update(run_id, warnings=[warning]))
         log.warning("turn.policy_not_enforced", extra={"run_id": run_id, "warning": warning})
 
     deadline = time.monotonic() + resolved.timeout_s
@@ -231,9 +183,11 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         settings.kill_grace_s,
         settings.max_line_bytes,
     )
-    stop = _stop_check(deps, run_id, turn)
+    stop = life.stop_check()
 
-    outcome, driver = _attempt(adapter, request, sandbox, placement, secrets, out, limits, stop, 1)
+    outcome, driver = _attempt(
+        adapter, request, sandbox, placement, secrets, out, limits, stop, 1, started
+    )
     terminal = _explain_kill(outcome.terminal, sandbox, run_id)
     if (
         isinstance(terminal, SessionError)
@@ -241,7 +195,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         and getattr(driver.state, "resume_rejected", False)
     ):
         log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": turn})
-        replayed = _replay_text(deps.store.transcript(run_id))
+        replayed = _replay_text(wait(lambda: deps.store.transcript(run_id)))
         fresh = dataclasses.replace(
             request,
             resume_session=None,
@@ -250,18 +204,24 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions) -> str:
         if replayed:
             out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
         outcome, driver = _attempt(
-            adapter, fresh, sandbox, placement, secrets, out, limits, stop, 2
+            adapter, fresh, sandbox, placement, secrets, out, limits, stop, 2, started
         )
         terminal = outcome.terminal
 
     if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
-        _release_for_shutdown(deps, run_id, options, sandbox)
+        # This worker is going away; the run keeps its container and host queue, and its
+        # next turn waits for a worker there. The credential goes with this worker.
+        life.revoke_credential()
+    if isinstance(terminal, SessionError) and terminal.reason == "sandbox":
+        log.warning(
+            "sandbox.turn_failed", extra={"run_id": run_id, "turn": turn, "error": terminal.error}
+        )
 
     carry = getattr(driver.state, "carry", None)
     final_text = terminal.text if isinstance(terminal, TurnComplete) else None
     extra: dict[str, Any] = {"carry": carry} if carry else {}
     return _close(
-        deps, payload, options, out, terminal, run_status="idle", final_text=final_text, extra=extra
+        payload, out, life, terminal, run_status="idle", final_text=final_text, extra=extra
     )
 
 
@@ -284,18 +244,6 @@ def _explain_kill(terminal: Event, sandbox: Sandbox, run_id: str) -> Event:
     return terminal
 
 
-def _release_for_shutdown(
-    deps: TurnDeps, run_id: str, options: RunOptions, sandbox: Sandbox
-) -> None:
-    """This worker is going away: free the run's sandbox so any worker can take its next turn."""
-    if not deps.settings.teardown_on_shutdown:
-        return
-    sandbox.teardown(run_id, keep_workspace=True)
-    credentials.revoke(deps.redis, deps.keys, run_id)
-    queue = harness_queue(options.harness, deps.settings.key_prefix)
-    _retry_redis(lambda: deps.store.update(run_id, queue=queue, container_id=None))
-
-
 def _attempt(
     adapter: Any,
     request: TurnRequest,
@@ -306,11 +254,13 @@ def _attempt(
     limits: attempt.Limits,
     stop: Callable[[], SessionError | None],
     number: int,
+    started: Callable[[], None],
 ) -> tuple[attempt.Outcome, StreamDriver]:
     driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
     head = driver.start()
     if number == 1:
         out.send(head)
+        started()
     try:
         command = adapter.build_command(request)
     except ValueError as exc:
@@ -341,6 +291,12 @@ def _attempt(
         driver.fail(session_error(f"the sandbox failed during the turn: {problem}", "sandbox"))
         assert driver.terminal is not None
         outcome = attempt.Outcome(driver.terminal, None, "")
+    except BaseException:
+        # An error of the worker while the harness runs: stop the harness before the turn
+        # is ended as ``internal`` (the process must not outlive its turn).
+        with contextlib.suppress(Exception):
+            process.kill(grace=limits.kill_grace_s)
+        raise
     return outcome, driver
 
 
@@ -371,28 +327,6 @@ def _request(
     )
 
 
-def _stop_check(deps: TurnDeps, run_id: str, turn: int) -> Callable[[], SessionError | None]:
-    cancel_key = deps.keys.cancel(run_id, turn)
-    owner_key = deps.keys.turn_owner(run_id, turn)
-    last_beat = [time.monotonic()]
-
-    def check() -> SessionError | None:
-        if deps.shutdown.expired():
-            return session_error("the worker is shutting down", "shutdown")
-        try:
-            if deps.redis.exists(cancel_key):
-                return session_error("the turn was cancelled", "cancelled")
-            now = time.monotonic()
-            if now - last_beat[0] >= deps.settings.heartbeat_ttl_s / 3:
-                deps.redis.set(owner_key, deps.worker_id, ex=deps.settings.heartbeat_ttl_s)
-                last_beat[0] = now
-        except (redis.ConnectionError, redis.TimeoutError):
-            pass  # Redis is away: the turn goes on, its events wait in the publisher
-        return None
-
-    return check
-
-
 def _replay_text(transcript: list[dict[str, Any]]) -> str:
     if not transcript:
         return ""
@@ -410,18 +344,16 @@ def _status_after_refusal(turn: int) -> str:
 
 
 def _close(
-    deps: TurnDeps,
     payload: TurnPayload,
-    options: RunOptions,
     out: attempt.Publishing,
+    life: TurnLife,
     terminal: Event,
     *,
     run_status: str,
     final_text: str | None,
     extra: dict[str, Any] | None = None,
 ) -> str:
-    """Record the turn, then publish its terminal event. Survives a Redis outage."""
-    run_id, turn = payload.run_id, payload.turn
+    """The facts the run record keeps of this turn, then its one terminal event."""
     fields: dict[str, Any] = dict(extra or {})
     for session in out.sessions:
         fields["session_id"] = session.session_id
@@ -439,33 +371,9 @@ def _close(
     # Everything the harness said may carry a granted value it printed: mask what Redis keeps.
     mask = out.publisher.masker.mask
     fields = {k: mask(v) if isinstance(v, str) else v for k, v in fields.items()}
-    _retry_redis(
-        lambda: deps.store.finish_turn(
-            run_id, turn, status=run_status, usage=out.usage.as_tuple(), fields=fields
-        )
-    )
-    if final_text is not None:
-        # The transcript is replayed into a fresh session later: keep granted values out of it.
-        said, answered = mask(payload.input), mask(final_text)
-        _retry_redis(lambda: deps.store.append_transcript(run_id, turn, said, answered))
-    out.send([terminal])
-    if not out.publisher.drain(REDIS_PATIENCE_S):
-        log.error(
-            "stream.lost", extra={"run_id": run_id, "turn": turn, "pending": out.publisher.pending}
-        )
-    if run_status == "failed":
-        _retry_redis(lambda: deps.store.expire(run_id, deps.settings.retention_s))
-    else:
-        _retry_redis(
-            lambda: deps.store.expire(run_id, deps.settings.retention_s + deps.settings.run_lease_s)
-        )
-    label = (
-        "completed"
-        if isinstance(terminal, TurnComplete)
-        else f"failed:{getattr(terminal, 'reason', '')}"
-    )
-    log.info("turn.finished", extra={"run_id": run_id, "turn": turn, "outcome": label})
-    return label
+    # The transcript is replayed into a fresh session later: keep granted values out of it.
+    transcript = None if final_text is None else (mask(payload.input), mask(final_text))
+    return life.end(terminal, run_status=run_status, fields=fields, transcript=transcript)
 
 
 def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) -> str:
@@ -480,36 +388,6 @@ def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) ->
     return close_lost_turn(deps, run_id, turn, options.harness)
 
 
-def end_turn_without_harness(
-    client: SyncRedis,
-    keys: Keys,
-    store: RunStore,
-    stream_maxlen: int,
-    run_id: str,
-    turn: int,
-    harness: str,
-    error: SessionError,
-    *,
-    run_status: str,
-    drain_s: float,
-) -> None:
-    """The one terminal event of a turn no harness will finish (its worker died, its host is
-    gone, it was cancelled in the queue): ``turn-started`` first when the turn has no event
-    yet, then the error. The run record is updated first, as ``_close`` does."""
-    next_seq, _ = last_seq(client, keys, run_id, turn)
-    publisher = RedisStreamPublisher(
-        client, keys, run_id, turn, maxlen=stream_maxlen, start_seq=next_seq
-    )
-    events: list[Event] = []
-    if next_seq == 0:
-        events.append(TurnStarted(harness=harness, attempt=1, input_chars=0))
-    events.append(error)
-    fields = {"last_error": f"{error.reason}: {error.error}"}
-    store.finish_turn(run_id, turn, status=run_status, usage=(0, 0, 0, None), fields=fields)
-    publisher.publish(events)
-    publisher.drain(drain_s)
-
-
 def close_lost_turn(
     deps: TurnDeps,
     run_id: str,
@@ -517,34 +395,16 @@ def close_lost_turn(
     harness: str,
     error: str = "the worker running this turn was lost",
 ) -> str:
-    """Give a turn whose worker died its one terminal event (reason ``worker-lost``)."""
-    # The run's sandbox may hold a half-done turn: the run ends here. The reaper on its host
-    # removes the sandbox (status failed), and the credential is revoked now.
+    """Give a turn whose worker died its one terminal event (reason ``worker-lost``).
+
+    The run stays usable: its sandbox and workspace are kept (the next turn in that container
+    first stops whatever the lost turn left running), and its credential is revoked now.
+    """
+    from worker import credentials
+
     credentials.revoke(deps.redis, deps.keys, run_id)
-    end_turn_without_harness(
-        deps.redis,
-        deps.keys,
-        deps.store,
-        deps.settings.stream_maxlen,
-        run_id,
-        turn,
-        harness,
-        session_error(error, "worker-lost"),
-        run_status="failed",
-        drain_s=REDIS_PATIENCE_S,
-    )
-    if harness:  # without one (the task's internal-error path) execute_turn counted the turn
+    ref = TurnRef(deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness)
+    if end_unclaimed_turn(ref, session_error(error, "worker-lost"), patience_s=600.0):
         metrics.turn_failed(harness, "worker-lost")
-    log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
+        log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
     return "worker-lost"
-
-
-def _retry_redis(fn: Callable[[], Any], patience_s: float = REDIS_PATIENCE_S) -> Any:
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            return fn()
-        except (redis.ConnectionError, redis.TimeoutError):
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.5)

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.worker import IsolatedEnv as Env
+from bench.worker import wait_until_consuming
 from tests.conftest import ROOT, demo_executable
 
 
@@ -77,11 +77,7 @@ def start_worker(
     variables = {**env.vars, **overrides}
     full_env = {**os.environ, **variables, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     log = env.tmp / f"{name}.log"
-    host_queue = env.settings(
-        **{k.removeprefix("HARNESS_").lower(): v for k, v in overrides.items()}
-    ).host_queue
     r = env.redis()
-    r.hdel(env.keys.hosts(), host_queue)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -106,13 +102,11 @@ def start_worker(
             start_new_session=True,
         )
     worker = WorkerProcess(proc, log, env, name)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited at start:\n{worker.logs()}")
-        if r.hexists(env.keys.hosts(), host_queue):
+    try:
+        if wait_until_consuming(r, env.keys, proc):
             return worker
-        time.sleep(0.1)
+    except RuntimeError as exc:
+        raise RuntimeError(f"worker exited at start:\n{worker.logs()}") from exc
     worker.stop()
     raise RuntimeError(f"worker did not become ready:\n{worker.logs()}")
 

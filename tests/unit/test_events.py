@@ -87,6 +87,7 @@ CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
         "worker-lost",
         "sandbox",
         "invalid-input",
+        "internal",  # CONTRACT.md, "Next additions"
     },
 }
 
@@ -103,6 +104,7 @@ CONTRACT_RETRYABLE = {
     "worker-lost": True,
     "sandbox": True,
     "invalid-input": False,
+    "internal": True,
 }
 
 SAMPLES = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +103,6 @@ def test_settings_read_from_environment_with_prefix(monkeypatch: pytest.MonkeyPa
         "local",
         12.5,
     )
-
-
-def test_host_queue_derived_from_prefix_and_hostname_when_unset() -> None:
-    settings = load_settings(key_prefix="hw")
-    assert settings.host_queue == f"hw.host.{socket.gethostname()}"
 
 
 @pytest.mark.parametrize(
