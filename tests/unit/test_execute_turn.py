@@ -15,6 +15,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
 from config import Settings, load_settings
 from sandbox.local import LocalSandbox
@@ -416,3 +417,90 @@ def test_shutdown_ends_turn_with_shutdown_reason(world: World) -> None:
     _assert_one_turn(events, 1)
     assert events[-1][2]["reason"] == "shutdown"
     assert events[-1][2]["retryable"] is True
+
+
+class _FlakyRedis:
+    """The real (fake) Redis, but the next ``fail`` calls of ``method`` raise as a Redis blip
+    does. A blip just after a claim cannot be timed for real; this is where it is produced."""
+
+    def __init__(self, client: fakeredis.FakeRedis, method: str, fail: int, skip: int) -> None:
+        self._client, self._method, self.fail, self.skip = client, method, fail, skip
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name != self._method:
+            return attr
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            if self.skip > 0:
+                self.skip -= 1
+            elif self.fail > 0:
+                self.fail -= 1
+                raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379.")
+            return attr(*args, **kwargs)
+
+        return flaky
+
+
+def test_a_redis_blip_after_the_claim_is_ridden_out(world: World) -> None:
+    run_id = world.run()
+    # The first read is the options, before the claim; the second, after it, blips.
+    flaky = _FlakyRedis(world.client, "hgetall", fail=3, skip=1)
+    world.deps.store.redis = flaky
+    assert world.turn(run_id, "hello there") == "completed"
+    assert flaky.fail == 0
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert events[-1][1] == "turn-complete"
+
+
+def test_an_error_of_the_worker_ends_the_turn_as_internal_and_keeps_the_run(
+    world: World,
+) -> None:
+    run_id = world.run()
+    sandbox = world.deps.sandbox_for("local")
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("a bug in the worker")
+
+    world.deps.sandbox_for = lambda backend: type(  # type: ignore[assignment]
+        "Broken", (), {"prepare": broken, "backend": "local", "teardown": sandbox.teardown}
+    )()
+    assert world.turn(run_id, "hello") == "failed:internal"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert events[0][2]["harness"] == "stdio-json"
+    error = events[-1][2]
+    assert (error["reason"], error["retryable"]) == ("internal", True)
+    assert "RuntimeError: a bug in the worker" in error["error"]
+    assert world.store.get(run_id)["status"] == "idle"
+    assert not world.client.exists(world.keys.turn_owner(run_id, 1))
+
+
+def test_a_claim_whose_reply_was_lost_is_recognised_by_its_retry(world: World) -> None:
+    from worker.turn_life import TurnLife
+
+    run_id = world.run()
+    first = TurnLife(world.deps, run_id, 1, "stdio-json")
+    assert first.claim("delivery-1")
+    assert TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-1")  # the retry
+    assert not TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-2")  # a copy
+
+
+def test_patience_is_one_budget_for_the_whole_turn() -> None:
+    from worker.turn_life import Patience
+
+    patience = Patience(budget_s=1.0)
+    calls = [0]
+
+    def down() -> None:
+        calls[0] += 1
+        raise redis.ConnectionError("down")
+
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        patience.call(down)
+    with pytest.raises(redis.ConnectionError):
+        patience.call(down)  # no fresh budget for a second call
+    assert time.monotonic() - started < 2.0
+    assert calls[0] >= 3
