@@ -196,12 +196,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "reap":
         from worker.lifecycle import reap_here
 
-        lines = reap_here()
+        report = reap_here()
+        lines = report.lines()
         for line in lines:
             print(json.dumps({"removed": line}) if args.json else line)
-        if not lines and not args.json:
+        for problem in report.unreachable:
+            if args.json:
+                print(json.dumps({"unreachable": problem}))
+            print(f"harness: cannot reap sandboxes: {problem}", file=sys.stderr)
+        if not lines and not report.unreachable and not args.json:
             print("nothing to reap")
-        return 0
+        return 1 if report.unreachable else 0
 
     from worker.client import HarnessClient
 

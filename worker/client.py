@@ -32,7 +32,7 @@ from worker.policy import check_input, resolve
 from worker.records import IN_FLIGHT, RunStore
 from worker.runtime import redis_client
 from worker.spec import TurnPayload, check_run_id, new_run_id, parse_options
-from worker.turn import end_turn_without_harness
+from worker.turn_life import TurnRef, end_unclaimed_turn
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")
@@ -434,17 +434,11 @@ class HarnessClient:
         self.redis.set(self.keys.cancel(run_id, turn), "1", ex=ttl)
         # A turn still in the queue: claim it so no worker runs it, and end it here.
         if self.redis.set(self.keys.turn_started(run_id, turn), "client-cancel", nx=True, ex=ttl):
-            end_turn_without_harness(
-                self.redis,
-                self.keys,
-                self.store,
-                self.settings.stream_maxlen,
-                run_id,
-                turn,
-                record["harness"],
-                session_error("the turn was cancelled before it started", "cancelled"),
-                run_status="idle",
-                drain_s=30,
+            ref = TurnRef(
+                self.redis, self.keys, self.store, self.settings, run_id, turn, record["harness"]
+            )
+            end_unclaimed_turn(
+                ref, session_error("the turn was cancelled before it started", "cancelled")
             )
         return True
 
