@@ -111,6 +111,11 @@ class Chaos:
     runs: dict[str, RunLog] = field(default_factory=dict)
     faults: Counter[str] = field(default_factory=Counter)
     fault_log: list[str] = field(default_factory=list)
+    #: Turns a worker fault hit: run id, turn, when (unix time), kind.
+    hit: list[tuple[str, int, float, str]] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    #: Per run, its stream in short (text, activity and usage left out), for the report.
+    streams: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.monotonic)
@@ -270,8 +275,13 @@ class Chaos:
         host = queues.get(queue)
         if host is None:
             self.problem(f"{run_id}/{log.turn}: its queue {queue!r} names no daemon")
-        elif [h for h, _ in placed] != [host.name]:
-            self.problem(f"{run_id}/{log.turn}: routed to {host.name}, containers {placed}")
+        elif [h for h, cid in placed if log.hostname and cid.startswith(log.hostname)] != [
+            host.name
+        ]:
+            self.problem(
+                f"{run_id}/{log.turn}: routed to {host.name}, ran in {log.hostname!r}, "
+                f"containers {placed}"
+            )
         elif not workspace(self.cluster, host, run_id).is_dir():
             self.problem(f"{run_id}/{log.turn}: its workspace is gone")
 
@@ -294,22 +304,27 @@ class Chaos:
             except Exception as exc:  # noqa: BLE001 -- a failed injection is a finding
                 self.problem(f"fault {kind} on {host or 'redis'} failed: {exc}")
 
-    def busy_slot(self, host: str) -> tuple[int, str]:
-        """A worker of ``host`` that owns a turn in flight (else any), and what it holds."""
+    def busy_slot(self, host: str) -> tuple[int, tuple[str, int] | None]:
+        """A worker of ``host`` that owns a turn in flight (else, after a few seconds, any),
+        and the turn it holds."""
         slots = self.slots(host)
         by_pid = {self.cluster.processes[i].pid: i for i in slots}
         client = self.cluster.client()
+        deadline = time.monotonic() + 4
         try:
-            with self.redis_up():
-                for run_id in list(self.runs):
-                    record = client.redis.hgetall(client.keys.run(run_id))
-                    turn = int(record.get("current_turn") or 0)
-                    pid = owner_pid(client.redis.get(client.keys.turn_owner(run_id, turn)))
-                    if pid in by_pid:
-                        return by_pid[pid], f"{run_id}/{turn}"
+            while time.monotonic() < deadline:
+                with self.redis_up():
+                    for run_id in list(self.runs):
+                        record = client.redis.hgetall(client.keys.run(run_id))
+                        turn = int(record.get("current_turn") or 0)
+                        owner = client.redis.get(client.keys.turn_owner(run_id, turn))
+                        pid = owner_pid(owner)
+                        if pid in by_pid:
+                            return by_pid[pid], (run_id, turn)
+                time.sleep(0.2)
         finally:
             client.close()
-        return self.rng.choice(slots), "no turn in flight there"
+        return self.rng.choice(slots), None
 
     def stop_worker(self, index: int, sig: signal.Signals) -> None:
         proc = self.cluster.processes[index]
@@ -330,8 +345,13 @@ class Chaos:
     def restart_worker(self, host: str, sig: signal.Signals, kind: str) -> None:
         index, holding = self.busy_slot(host)
         pid = self.cluster.processes[index].pid
+        at = time.time()
         self.stop_worker(index, sig)
-        self.note(kind, f"worker {pid} on {host} ({holding}), restarted")
+        if holding:
+            with self.lock:
+                self.hit.append((*holding, at, kind))
+        what = f"{holding[0]}/{holding[1]}" if holding else "no turn in flight there"
+        self.note(kind, f"worker {pid} on {host} ({what}), restarted")
         self.respawn([index], host)
 
     def host_away(self, host: str) -> None:
@@ -352,6 +372,12 @@ class Chaos:
             by_turn: dict[int, list[StreamEvent]] = {}
             for event in events:
                 by_turn.setdefault(event.turn, []).append(event)
+            self.streams[run.run_id] = " ".join(
+                f"{e.id}:{e.type}"
+                + (f"({e.data.get('reason')})" if e.type == "session-error" else "")
+                for e in events
+                if e.type not in ("assistant-text", "sandbox-activity", "usage")
+            )
             if sorted(by_turn) != [t.turn for t in run.turns]:
                 self.problem(f"{run.run_id}: turns in the stream {sorted(by_turn)}")
             for turn, evs in sorted(by_turn.items()):
@@ -363,6 +389,36 @@ class Chaos:
                 terminals = sum(e.terminal for e in evs)
                 if terminals != 1 or not evs[-1].terminal:
                     self.problem(f"{where}: {terminals} terminals: {[e.type for e in evs]}")
+            self.verify_hit_turns(run.run_id, by_turn)
+
+    def verify_hit_turns(self, run_id: str, by_turn: dict[int, list[StreamEvent]]) -> None:
+        """A killed worker's turn is closed ``worker-lost`` within the heartbeat TTL and a
+        reap interval (plus a little slack: the worker's own reaper, nobody else); a warm
+        shutdown ends its turn ``shutdown`` within the grace."""
+        bounds = {
+            "worker-kill": (
+                "worker-lost",
+                float(ENV["HARNESS_HEARTBEAT_TTL_S"]) + float(ENV["HARNESS_REAP_INTERVAL_S"]) + 3,
+            ),
+            # A turn with less than the grace left completes instead.
+            "worker-term": ("shutdown", float(ENV["HARNESS_SHUTDOWN_GRACE_S"]) + 5),
+        }
+        for hit_run, turn, at, kind in self.hit:
+            if hit_run != run_id or not by_turn.get(turn):
+                continue
+            last = by_turn[turn][-1]
+            if last.ts < at:
+                continue  # it had ended just before the signal
+            reason, bound = bounds[kind]
+            took = last.ts - at
+            self.figures.append(f"{kind} → {last.data.get('reason', last.type)} in {took:.1f}s")
+            ending = last.data.get("reason") or last.type
+            if ending not in (reason, "turn-complete") or took > bound:
+                self.problem(
+                    f"{run_id}/{turn}: {kind} ended it {last.type} "
+                    f"{last.data.get('reason')} {took:.1f}s later (expected {reason} "
+                    f"within {bound:g}s)"
+                )
 
     def verify_runs(self, client: HarnessClient) -> None:
         """One container per run, on the daemon its queue names; the session went on; the
@@ -378,15 +434,21 @@ class Chaos:
             placed = self.cluster.placements(rid)
             run.containers.update(f"{host}:{cid}" for host, cid in placed)
             hostnames = {t.hostname for t in run.turns if t.outcome == "turn-complete"}
-            if len(run.containers) != 1 or len(run.record_containers) != 1:
-                self.problem(
-                    f"{rid}: containers {sorted(run.containers)}, "
-                    f"recorded {sorted(run.record_containers)}"
-                )
-            elif len(hostnames) != 1 or not next(iter(run.containers)).split(":")[1].startswith(
-                next(iter(hostnames))
+            recorded = sorted(run.record_containers)
+            if (
+                len(hostnames) != 1
+                or len(recorded) != 1
+                or not recorded[0].startswith(next(iter(hostnames)))
             ):
-                self.problem(f"{rid}: turns ran on {sorted(hostnames)}, not {run.containers}")
+                self.problem(
+                    f"{rid}: its turns ran in containers {sorted(hostnames)} (by hostname), "
+                    f"the record named {recorded}"
+                )
+            if len(run.containers) != 1:
+                self.problem(
+                    f"{rid}: more than one container of the run existed on the daemons at "
+                    f"once: {sorted(run.containers)} (the record named {recorded})"
+                )
             if len(run.queues) != 1:
                 self.problem(f"{rid}: host queues {sorted(run.queues)}")
             host = queues.get(str(record.get("queue")))
@@ -536,9 +598,12 @@ def chaos(
         "outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())),
         f"submit → terminal: p50 {median:.1f}s · longest {longest:.1f}s · "
         f"{waited} turns over {HOST_TIMEOUT_S:g}s (waiting for a worker or their host)",
+        "turns hit by a worker fault: " + ("; ".join(state.figures) or "none"),
         "left after end + reaper pass: " + ", ".join(f"{k} {v}" for k, v in left.items()),
         f"problems: {len(state.problems)}" + "".join(f"\n  - {p}" for p in state.problems[:40]),
     ]
+    for run_id in sorted({r for r in state.runs if any(r in p for p in state.problems)}):
+        lines.append(f"stream of {run_id}: {state.streams.get(run_id, '?')}")
     ok = not state.problems and len(state.runs) == runs and completed == runs * turns
     if ok:
         shutil.rmtree(workdir, ignore_errors=True)
