@@ -19,6 +19,7 @@ EXIT_STATUSES = f"""\
 exit status:
   0    done (with --follow: the turn completed; without: the turn was accepted)
   1    the turn failed, the run is unknown, or Redis or the broker cannot be reached
+       (reap: a sandbox backend could not be asked)
   2    bad usage, or refused: invalid input (text that is not UTF-8 included), unknown
        harness, beyond operator policy, a turn already in flight, the run has ended
   {TurnWaitTimeout.exit_code}  --wait: no worker started the turn in time (the turn stays queued)
