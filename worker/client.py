@@ -282,7 +282,7 @@ class HarnessClient:
             since = json.loads(queued).get("sent_at", since)
         bound = None
         if hosts.is_host_queue(queue, self.keys):
-            bound = float(getattr(self.settings, "host_wait_s", 600.0))  # lead: HARNESS_HOST_WAIT_S
+            bound = float(self.settings.host_wait_s)  # lead: HARNESS_HOST_WAIT_S
         return Waiting(run_id, int(turn), queue, since, bound)
 
     @_translate_iter

@@ -1,0 +1,68 @@
+"""A host queue names the Docker daemon a run's container lives on, not the machine."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.integration.conftest import Env, WorkerProcess, start_worker
+from tests.integration.docker_fixtures import ensure_images, require_docker
+
+pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.docker, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _daemon_id(url: str | None) -> str:
+    client = docker.DockerClient(base_url=url) if url else docker.from_env()
+    try:
+        return str(client.info()["ID"])
+    finally:
+        client.close()
+
+
+def test_two_daemons_on_one_machine_never_share_a_host_queue(
+    env: Env, workers: list[WorkerProcess]
+) -> None:
+    require_docker()
+    demo_image = ensure_images(["demo"])["demo"]
+    second = subprocess.run(
+        [str(REPO / "scripts" / "second-dockerd"), demo_image],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout.strip()
+    env.vars.update(
+        {"HARNESS_SANDBOX": "docker", "HARNESS_NETWORK": "none", "HARNESS_METRICS_PORT": "0"}
+    )
+    # Only the first takes first turns, so the run's container is on the local daemon; the
+    # second, on the same machine, talks to the second daemon. No HARNESS_HOST_QUEUE anywhere.
+    local = start_worker(env)
+    other = start_worker(env, HARNESS_DOCKER_URL=second, HARNESS_HARNESS_QUEUES="codex")
+    workers += [local, other]
+    client = env.client()
+    run_id = client.start_run(
+        "stdio-json", "first", executable="harness-demo", sandbox="docker", network="none"
+    )
+    assert client.wait(run_id, 1, timeout=60).type == "turn-complete"
+    record = client.status(run_id)
+    assert record["queue"] == f"{env.prefix}.host.docker.{_daemon_id(None)}"
+    assert _daemon_id(second) != _daemon_id(None)
+    container = record["container_id"]
+    for turn in range(2, 6):
+        assert client.submit_turn(run_id, f"turn {turn}") == turn
+        assert client.wait(run_id, turn, timeout=60).type == "turn-complete"
+        assert client.status(run_id)["container_id"] == container
+    assert "Task harness.run_turn" not in other.logs()
+    client.end(run_id, timeout=60)
+    remote = docker.DockerClient(base_url=second)
+    try:
+        assert (
+            remote.containers.list(all=True, filters={"label": f"harness.scope={env.prefix}"}) == []
+        )
+    finally:
+        remote.close()
