@@ -34,7 +34,6 @@ import logging
 import os
 import shutil
 import threading
-import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -55,7 +54,6 @@ from sandbox.base import (
     SandboxUnavailable,
     StartFailed,
 )
-from sandbox.container_scripts import MARKER_ENV, memory_events_argv, oom_kill_count
 from sandbox.docker_container import (
     BUILD_HINT,
     LABEL_LEASE,
@@ -65,7 +63,6 @@ from sandbox.docker_container import (
     LABEL_WORKER,
     RunContainers,
     container_name,
-    files_archive,
     label_lease,
     parse_user,
 )
@@ -202,30 +199,12 @@ class DockerSandbox:
     ) -> DockerProcess:
         container = placement.container_id or container_name(placement.run_id)
         if spec.files:
-            archive = files_archive(spec.files, placement.workspace)
-            code, _, err = self._execs.run(
-                container,
-                ["tar", "-x", "-f", "-", "-C", "/"],
-                stdin=archive,
-                action="write the turn's files",
-                run_id=placement.run_id,
-            )
-            if code != 0:
-                raise StartFailed(
-                    f"cannot write the turn's files ({', '.join(sorted(spec.files))}): "
-                    f"{err.decode('utf-8', 'replace').strip()}"
-                )
-        marker = uuid.uuid4().hex
-        env = {**spec.env, **secrets, "HOME": placement.home, MARKER_ENV: marker}
-        for key, value in env.items():
-            if not key or "=" in key or "\0" in key or "\0" in value:
-                raise StartFailed(f"invalid environment variable name or value for {key!r}")
+            self._containers.write_files(container, spec.files, placement)
         process = self._execs.start(
             container,
             spec.cwd or placement.workspace,
             spec.argv,
-            env=env,
-            marker=marker,
+            env={**spec.env, **secrets, "HOME": placement.home},
             stdin=spec.stdin,
             run_id=placement.run_id,
         )
@@ -309,7 +288,7 @@ class DockerSandbox:
             return f"the container was killed for exceeding its memory limit{shown}"
         if state.get("Status") != "running":
             return f"the container is {state.get('Status')} (exit code {state.get('ExitCode')})"
-        kills = self._oom_kills(container.id, run_id)
+        kills = self._containers.oom_kills(container.id, run_id)
         if kills:
             shown = f" of {limit // (1024 * 1024)} MiB" if limit else ""
             return (
@@ -317,20 +296,6 @@ class DockerSandbox:
                 f"({kills} out-of-memory kills so far)"
             )
         return None
-
-    def _oom_kills(self, container: str, run_id: str) -> int:
-        """The container's out-of-memory kill count (cgroup v1 or v2), 0 when unknown.
-
-        An exec'd process killed by the OOM killer leaves the container running and
-        ``State.OOMKilled`` false; only the memory cgroup remembers it.
-        """
-        try:
-            _code, out, _ = self._execs.run(
-                container, memory_events_argv(), action="read the memory cgroup", run_id=run_id
-            )
-        except SandboxError:
-            return 0
-        return oom_kill_count(out)
 
     def managed(self) -> list[ManagedSandbox]:
         """This scope's containers on this daemon, with run id, lease and worker."""

@@ -39,7 +39,7 @@ from sandbox.base import (
     SandboxUnavailable,
     StartFailed,
 )
-from sandbox.container_scripts import probe_argv
+from sandbox.container_scripts import memory_events_argv, oom_kill_count, probe_argv
 from sandbox.docker_exec import ExecTransport, Seam
 from sandbox.workspace import make_owned_workspace, safe_name
 
@@ -148,7 +148,9 @@ def label_lease(value: str | None) -> float | None:
 
 
 class RunContainers:
-    """Finds, restarts and creates runs' containers, with their workspaces under ``root``."""
+    """Finds, restarts and creates runs' containers (their workspaces under ``root``), and
+    runs the helper commands a container needs: its probe, its HOME skeleton, a turn's
+    files, its out-of-memory count."""
 
     def __init__(
         self,
@@ -189,6 +191,21 @@ class RunContainers:
                         hint="tear the run down and start it again",
                     ) from exc
         return docker_placement(spec.run_id, container.id)
+
+    def write_files(self, container: str, files: Mapping[str, str], placement: Placement) -> None:
+        """Write a turn's files (absolute paths under the workspace) as the container user."""
+        code, _, err = self._execs.run(
+            container,
+            ["tar", "-x", "-f", "-", "-C", "/"],
+            stdin=files_archive(files, placement.workspace),
+            action="write the turn's files",
+            run_id=placement.run_id,
+        )
+        if code != 0:
+            raise StartFailed(
+                f"cannot write the turn's files ({', '.join(sorted(files))}): "
+                f"{err.decode('utf-8', 'replace').strip()}"
+            )
 
     def make_workspace(self, spec: RunSpec) -> tuple[Path, bool, bool]:
         uid, gid = parse_user(spec.user)
@@ -243,6 +260,20 @@ class RunContainers:
             extra={"run_id": spec.run_id, "container": container.id, "image": spec.image},
         )
         return docker_placement(spec.run_id, container.id)
+
+    def oom_kills(self, container: str, run_id: str) -> int:
+        """The container's out-of-memory kill count (cgroup v1 or v2), 0 when unknown.
+
+        An exec'd process killed by the OOM killer leaves the container running and
+        ``State.OOMKilled`` false; only the memory cgroup remembers it.
+        """
+        try:
+            _code, out, _ = self._execs.run(
+                container, memory_events_argv(), action="read the memory cgroup", run_id=run_id
+            )
+        except SandboxError:
+            return 0
+        return oom_kill_count(out)
 
     def _probe(self, container: str) -> None:
         """One exec right after start: the container runs (its command did not die at once),

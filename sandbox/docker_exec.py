@@ -19,6 +19,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
@@ -26,7 +27,13 @@ from typing import Any, Protocol, cast
 
 from sandbox.base import Chunk, SandboxError, SandboxGone, StartFailed
 from sandbox.chunks import ChunkQueue
-from sandbox.container_scripts import SENTINEL, killer_argv, parse_sentinel, wrapper_argv
+from sandbox.container_scripts import (
+    MARKER_ENV,
+    SENTINEL,
+    killer_argv,
+    parse_sentinel,
+    wrapper_argv,
+)
 from sandbox.docker_stream import STDOUT, ExecStreamError, RawEndpoint, frames, open_exec_stream
 
 log = logging.getLogger(__name__)
@@ -84,11 +91,16 @@ class ExecTransport:
         argv: tuple[str, ...],
         *,
         env: Mapping[str, str],
-        marker: str,
         stdin: bytes | None,
         run_id: str,
     ) -> DockerProcess:
-        """Start ``argv`` under the wrapper; returns once the harness is being exec'd."""
+        """Start ``argv`` under the wrapper with ``env`` and the turn's marker; returns once
+        the harness is being exec'd."""
+        marker = uuid.uuid4().hex
+        env = {**env, MARKER_ENV: marker}
+        for key, value in env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise StartFailed(f"invalid environment variable name or value for {key!r}")
         exec_id = self.create(
             container,
             wrapper_argv(cwd, argv),

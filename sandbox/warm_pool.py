@@ -85,6 +85,7 @@ class ContainerPool:
         self._create = create
         self._remove = remove
         self._closed = threading.Event()
+        self._warming = threading.Lock()
 
     def serves(self, spec: RunSpec) -> bool:
         """Whether runs like this one take (and leave the pool to refill) warm containers."""
@@ -92,25 +93,29 @@ class ContainerPool:
 
     def warm(self, spec: RunSpec) -> int:
         """Start containers of ``spec``'s shape until ``size`` wait unclaimed; returns how
-        many it started. ``spec.run_id`` is ignored."""
+        many it started. ``spec.run_id`` is ignored.
+
+        One caller at a time: callers that overlap (the worker's first warming, its reaper's
+        refill, a refill after a claim) would each see the pool short and each fill it.
+        """
         shape = pool_shape(spec)
-        missing = self.size - len(self._waiting(shape))
-        for _ in range(max(missing, 0)):
-            if self._closed.is_set():
-                return 0
-            labels = {
-                **spec.labels,
-                LABEL_POOL_SHAPE: shape,
-                LABEL_LEASE: f"{time.time() + POOL_TTL_S:.0f}",
-            }
-            pooled = replace(
-                spec, run_id=POOL_PREFIX + uuid.uuid4().hex[:16], workspace_key=None, labels=labels
-            )
-            self._create(pooled)
-            if self._closed.is_set():  # closed while this one was starting
-                self._remove(pooled.run_id)
-                return 0
-        return max(missing, 0)
+        with self._warming:
+            missing = self.size - len(self._waiting(shape))
+            for _ in range(max(missing, 0)):
+                if self._closed.is_set():
+                    return 0
+                labels = {
+                    **spec.labels,
+                    LABEL_POOL_SHAPE: shape,
+                    LABEL_LEASE: f"{time.time() + POOL_TTL_S:.0f}",
+                }
+                run_id = POOL_PREFIX + uuid.uuid4().hex[:16]
+                pooled = replace(spec, run_id=run_id, workspace_key=None, labels=labels)
+                self._create(pooled)
+                if self._closed.is_set():  # closed while this one was starting
+                    self._remove(pooled.run_id)
+                    return 0
+            return max(missing, 0)
 
     def refill_later(self, spec: RunSpec) -> None:
         def refill() -> None:
