@@ -104,7 +104,7 @@ def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
 
 @worker_ready.connect
 def _announce(sender: Any = None, **_: object) -> None:
-    """Heartbeat every consumed queue, serve metrics, start the reaper, warm the pools."""
+    """Heartbeat every consumed queue, serve metrics, start the reaper (which warms pools)."""
     deps = runtime.deps()
     metrics.serve(deps.settings.metrics_port, deps.settings.metrics_addr)
     consumed = list(sender.app.amqp.queues.consume_from) if sender is not None else []
@@ -120,10 +120,8 @@ def _announce(sender: Any = None, **_: object) -> None:
         )
     )
     _stop_turns_before_cold_shutdown()
+    # Its first pass runs now: it reaps what crashed here before and warms the pools.
     _stops.append(lifecycle.start_reaper(deps))
-    threading.Thread(
-        target=lifecycle.warm_pools, args=(deps,), name="warm-pool", daemon=True
-    ).start()
 
 
 def _stop_turns_before_cold_shutdown() -> None:

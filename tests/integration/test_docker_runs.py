@@ -153,7 +153,7 @@ def test_oom_killed_harness_is_a_sandbox_error(
     client.end(run_id)
 
 
-def test_sigkilled_worker_leaves_a_container_the_reaper_removes(
+def test_sigkilled_worker_leaves_a_run_its_next_turn_continues_in_the_same_container(
     docker_env: Env, workers: list[WorkerProcess]
 ) -> None:
     worker = start_worker(docker_env)
@@ -165,14 +165,24 @@ def test_sigkilled_worker_leaves_a_container_the_reaper_removes(
             break
     worker.proc.send_signal(signal.SIGKILL)
     worker.proc.wait(10)
-    assert len(containers_of(docker_env)) == 1
+    [container] = containers_of(docker_env)
     time.sleep(3.5)  # the heartbeat lapses
     removed = reap(docker_env)
     assert f"closed turn {run_id}/1 (worker lost)" in removed
-    assert f"removed sandbox of run {run_id}" in removed
-    assert containers_of(docker_env) == []
+    assert f"removed sandbox of run {run_id}" not in removed  # one lost turn keeps its run
     assert client.wait(run_id, 1, timeout=5).data["reason"] == "worker-lost"
     assert client.status(run_id)["credential_live"] is False
+    assert any("sleep" in " ".join(p) for p in container.top()["Processes"])  # the stray
+    # A worker comes back on that daemon: the next turn runs in the same container, and
+    # what the lost turn left running there is stopped first.
+    workers.append(start_worker(docker_env))
+    turn = client.submit_turn(run_id, "@text again")
+    assert client.wait(run_id, turn, timeout=60).type == "turn-complete"
+    assert [c.id for c in containers_of(docker_env)] == [container.id]
+    container.reload()
+    assert not any("sleep" in " ".join(p) for p in container.top()["Processes"])
+    client.end(run_id, timeout=60)
+    assert containers_of(docker_env) == []
 
 
 @pytest.fixture
