@@ -18,8 +18,6 @@ from config import Settings, get_settings
 from worker import broker
 from worker.app_names import TASK_REAP, harness_queue
 
-broker.install()  # a Redis broker restart must not take a worker with a turn in flight down
-
 
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
@@ -64,4 +62,16 @@ def create_app(settings: Settings | None = None) -> Celery:
     return app
 
 
-app = create_app()
+_worker_app: Celery | None = None
+
+
+def __getattr__(name: str) -> Celery:
+    """``worker.app.app``, the worker's app (``celery -A worker.app``), is built on first use:
+    a producer that imports this module for :func:`create_app` gets no side effect."""
+    global _worker_app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _worker_app is None:
+        broker.install()  # a broker restart must not take a worker with a turn in flight down
+        _worker_app = create_app()
+    return _worker_app

@@ -30,7 +30,7 @@ from worker.errors import HarnessError, InvalidInput, RunNotFound, TurnWaitTimeo
 from worker.keys import Keys, SyncRedis
 from worker.policy import check_input, resolve
 from worker.records import IN_FLIGHT, RunStore
-from worker.runtime import redis_client
+from worker.redis_client import redis_client
 from worker.spec import TurnPayload, check_run_id, new_run_id, parse_options
 from worker.turn_life import TurnRef, end_unclaimed_turn
 

@@ -1,4 +1,4 @@
-"""Which queues have a live consumer, and which host queue a worker serves.
+"""Which queues have a live consumer (worker/host_queues.py says which a worker serves).
 
 A run's sandbox lives in one place (a Docker daemon, or the machine of a local sandbox), so
 its later turns must reach a worker there: the run record names that place's host queue.
@@ -13,9 +13,6 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from config import Settings
-from sandbox.base import SandboxError
-from sandbox.identity import docker_location, local_location
 from worker.keys import Keys, SyncRedis
 
 log = logging.getLogger(__name__)
@@ -30,42 +27,6 @@ def is_host_queue(queue: str, keys: Keys) -> bool:
 def alive(client: SyncRedis, keys: Keys, queue: str) -> bool:
     """True while some live worker consumes ``queue`` (any queue: harness or host)."""
     return bool(client.exists(keys.host_alive(queue)))
-
-
-def backends_served(settings: Settings) -> tuple[str, ...]:
-    allowed = settings.allowed_sandboxes
-    served = {settings.sandbox}
-    for backend in ("docker", "local"):
-        if backend in allowed or "*" in allowed:
-            served.add(backend)
-    return tuple(sorted(served))
-
-
-def host_queues(settings: Settings) -> dict[str, str]:
-    """For each sandbox backend this worker serves, the queue of the place its sandboxes live.
-
-    ``HARNESS_HOST_QUEUE`` names one queue for all of them. Otherwise the Docker backend's
-    queue names its daemon (by ID) and the local backend's this machine. A daemon that does
-    not answer fails the worker's start when Docker is its default backend (it could place no
-    run), and only drops Docker's queue when Docker is merely allowed.
-    """
-    backends = backends_served(settings)
-    if settings.host_queue:
-        return {backend: settings.host_queue for backend in backends}
-    queues: dict[str, str] = {}
-    for backend in backends:
-        if backend == "local":
-            where = local_location()
-        else:
-            try:
-                where = docker_location(settings.docker_url)
-            except SandboxError as exc:
-                if settings.sandbox == "docker":
-                    raise
-                log.warning("host.docker_unavailable", extra={"error": str(exc)})
-                continue
-        queues[backend] = f"{settings.key_prefix}.host.{where}"
-    return queues
 
 
 def beat_once(

@@ -8,32 +8,15 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
-from worker.keys import Keys, SyncRedis
+from worker.keys import Keys
 from worker.records import RunStore
+from worker.redis_client import redis_client
 from worker.turn_deps import Shutdown, TurnDeps
 
 _lock = threading.Lock()
 _sandboxes: dict[str, Sandbox] = {}
-
-
-def redis_client(settings: Settings) -> SyncRedis:
-    # One immediate retry (a pooled connection gone stale after a Redis restart), no backoff:
-    # the turn loop checks for cancels every 0.2 s and does its own retrying where it must
-    # (publishing, the run record); redis-py's default backoff would stall it for seconds.
-    return redis.Redis.from_url(
-        settings.redis_url,
-        decode_responses=True,
-        socket_connect_timeout=5,
-        socket_timeout=30,
-        health_check_interval=15,
-        retry=Retry(NoBackoff(), 1),
-    )
 
 
 def make_sandbox(backend: str, settings: Settings) -> Sandbox:

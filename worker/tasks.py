@@ -20,7 +20,7 @@ from kombu.entity import Queue
 
 from adapters.events import session_error
 from config import get_settings
-from worker import hosts, lifecycle, logs, metrics, runtime
+from worker import host_queues, hosts, lifecycle, logs, metrics, runtime
 from worker.app import app
 from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST
 from worker.errors import RunNotFound
@@ -96,7 +96,7 @@ def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
     """Consume the queues of the places this worker's sandboxes live (the Docker daemon by
     its ID, this machine for the local sandbox): a run's later turns are routed there."""
     deps = runtime.deps()
-    deps.host_queues.update(hosts.host_queues(deps.settings))
+    deps.host_queues.update(host_queues.host_queues(deps.settings))
     for queue in sorted(set(deps.host_queues.values())):
         instance.app.amqp.queues.select_add(Queue(queue))
     log.info("worker.host_queues", extra={"queues": deps.host_queues})

@@ -39,7 +39,7 @@ from tests.conftest import RABBITMQ_URL, ROOT, _rabbit_up, demo_executable, requ
 from tests.integration.conftest import Env, make_env
 from tests.security.conftest import find_leaks, start_scoped_worker
 from worker.doctor import mask_url
-from worker.runtime import redis_client
+from worker.redis_client import redis_client
 
 DEMO = demo_executable()
 

@@ -8,31 +8,31 @@ import pytest
 
 from config import load_settings
 from sandbox.base import SandboxUnavailable
-from worker import hosts
+from worker import host_queues
 
 DOWN = "unix:///nonexistent/harness-docker.sock"
 
 
 def test_a_local_worker_names_its_machine() -> None:
     settings = load_settings(key_prefix="hw", sandbox="local", allowed_sandboxes=())
-    assert hosts.host_queues(settings) == {"local": f"hw.host.local.{socket.gethostname()}"}
+    assert host_queues.host_queues(settings) == {"local": f"hw.host.local.{socket.gethostname()}"}
 
 
 def test_the_override_names_one_queue_for_every_backend_served() -> None:
     settings = load_settings(
         key_prefix="hw", sandbox="local", allowed_sandboxes=("docker",), host_queue="hw.host.x"
     )
-    assert hosts.host_queues(settings) == {"docker": "hw.host.x", "local": "hw.host.x"}
+    assert host_queues.host_queues(settings) == {"docker": "hw.host.x", "local": "hw.host.x"}
 
 
 def test_a_docker_worker_whose_daemon_does_not_answer_refuses_to_start() -> None:
     settings = load_settings(key_prefix="hw", sandbox="docker", docker_url=DOWN)
     with pytest.raises(SandboxUnavailable, match="HARNESS_HOST_QUEUE"):
-        hosts.host_queues(settings)
+        host_queues.host_queues(settings)
 
 
 def test_a_daemon_merely_allowed_and_down_only_drops_its_queue() -> None:
     settings = load_settings(
         key_prefix="hw", sandbox="local", allowed_sandboxes=("docker",), docker_url=DOWN
     )
-    assert list(hosts.host_queues(settings)) == ["local"]
+    assert list(host_queues.host_queues(settings)) == ["local"]

@@ -111,3 +111,52 @@ def test_import_check_sees_relative_and_dynamic_imports(tmp_path: Path) -> None:
     )
     tops = _top_levels(_imports(probe, root=tmp_path))
     assert tops == {"importlib", "worker", "adapters", "redis", "celery"}
+
+
+# The producer's client: the record, the stream and the queues, never the turn loop, the
+# lifecycle, the worker's runtime or Docker; and importing it changes nothing in the process.
+CLIENT_MUST_NOT_LOAD = (
+    "worker.turn",
+    "worker.attempt",
+    "worker.lifecycle",
+    "worker.runtime",
+    "worker.tasks",
+    "worker.host_queues",
+    "adapters.stream",
+    "sandbox.docker",
+    "docker",
+)
+
+
+def test_importing_the_client_loads_no_worker_runtime_and_patches_nothing() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, kombu.transport\n"
+        "before = dict(kombu.transport.TRANSPORT_ALIASES)\n"
+        "import worker.client\n"
+        f"print(sorted(m for m in {CLIENT_MUST_NOT_LOAD!r} if m in sys.modules))\n"
+        "print(before == kombu.transport.TRANSPORT_ALIASES)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    loaded, unpatched = done.stdout.splitlines()
+    assert loaded == "[]"
+    assert unpatched == "True"
+
+
+def test_the_worker_app_patches_the_broker_transport_when_built() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import kombu.transport\n"
+        "from worker.app import app\n"
+        "print(kombu.transport.TRANSPORT_ALIASES['redis'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert done.stdout.strip() == "worker.broker:Transport"
