@@ -2,7 +2,7 @@
 
 User input reaches a script only as positional arguments, never inside its text. The scripts
 run as the container user, like the harness (all capabilities are dropped, so root could not
-signal the harness anyway), and need sh, grep, find, cut, sleep and /proc only.
+signal the harness anyway), and need sh, readlink, grep, find, cut, sleep and /proc only.
 
 Docker starts every exec as a session and process-group leader (runc calls setsid), and no
 process can join a session other than its own: the container's own processes (Docker's init
