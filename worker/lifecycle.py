@@ -14,7 +14,7 @@ from typing import Any
 
 from adapters.events import session_error
 from config import Settings
-from sandbox.base import Sandbox, SandboxError
+from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
 from worker import credentials, hosts, metrics
 from worker.errors import RunNotFound
 from worker.keys import Keys, SyncRedis
@@ -281,19 +281,16 @@ def warm_pools(deps: TurnDeps) -> int:
     settings = deps.settings
     if settings.warm_pool <= 0 or not _docker_in_use(settings):
         return 0
-    from sandbox.base import Limits, RunSpec
 
     sandbox = deps.sandbox_for("docker")
-    warm = getattr(sandbox, "warm", None)
-    exists = getattr(sandbox, "image_exists", None)
-    if warm is None or exists is None:
+    if not isinstance(sandbox, WarmPool):
         return 0
     started = 0
     for image in sorted(set(settings.images.values())):
         try:
-            if not exists(image):
+            if not sandbox.image_exists(image):
                 continue
-            started += warm(
+            started += sandbox.warm(
                 RunSpec(
                     run_id="pool-template",
                     image=image,
@@ -315,9 +312,9 @@ def drain_pools(deps: TurnDeps) -> None:
     if deps.settings.warm_pool <= 0 or not _docker_in_use(deps.settings):
         return
     try:
-        close_pool = getattr(deps.sandbox_for("docker"), "close_pool", None)
-        if close_pool is not None:
-            close_pool()
+        sandbox = deps.sandbox_for("docker")
+        if isinstance(sandbox, WarmPool):
+            sandbox.close_pool()
     except SandboxError as exc:
         log.warning("sandbox.pool_drain_failed", extra={"error": str(exc)})
 
