@@ -68,9 +68,16 @@ def test_warm_shutdown_stops_inflight_turn_after_grace(
     assert_one_terminal(turn_events(client, run_id, 1))
     record = client.status(run_id)
     assert record["status"] == "idle"
-    assert record["credential_live"] is False  # released with the sandbox on shutdown
-    assert record["queue"] == f"{env.prefix}.stdio-json"  # any worker may take the next turn
+    assert record["credential_live"] is False  # the credential leaves with its worker
+    assert record["queue"].startswith(f"{env.prefix}.host.")  # the run stays on its host
     assert_no_leftovers(env, client, run_id)
+    # The worker that replaces it takes the run's next turn, in the same workspace.
+    workspace = env.tmp / "workspaces" / "local" / "run" / run_id
+    (workspace / "kept.txt").write_text("before the deploy")
+    workers.append(start_worker(env))
+    turn = client.submit_turn(run_id, "after the deploy")
+    assert client.wait(run_id, turn, timeout=30).type == "turn-complete"
+    assert (workspace / "kept.txt").read_text() == "before the deploy"
 
 
 def test_turn_that_ends_within_the_grace_completes_normally(
