@@ -11,12 +11,20 @@ turns are long, and a prefetched turn would wait behind a busy one.
 from __future__ import annotations
 
 from celery import Celery
-from kombu.entity import Queue
+from kombu.entity import Exchange, Queue
 
 from adapters import HARNESS_IDS
 from config import Settings, get_settings
 from worker import broker
 from worker.app_names import TASK_REAP, harness_queue
+
+
+def direct_queue(name: str) -> Queue:
+    """A queue bound to an exchange of its own name by its own name, as a producer's
+    ``send_task(queue=name)`` addresses it. A bare ``Queue(name)`` would be bound to the
+    default exchange and routing key, so every message sent there would be copied into every
+    such queue."""
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
 def create_app(settings: Settings | None = None) -> Celery:
@@ -25,7 +33,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     prefix = settings.key_prefix
     # The worker adds its host queues when it starts (worker/tasks.py): they name where its
     # sandboxes live, which only a worker asks (the Docker daemon's ID).
-    queues = [Queue(harness_queue(h, prefix)) for h in consumed]
+    queues = [direct_queue(harness_queue(h, prefix)) for h in consumed]
     app = Celery("harness-worker", broker=settings.broker_url, include=["worker.tasks"])
     app.conf.update(
         task_queues=queues,

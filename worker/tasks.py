@@ -16,12 +16,11 @@ from celery.signals import (
     worker_shutdown,
     worker_shutting_down,
 )
-from kombu.entity import Queue
 
 from adapters.events import session_error
 from config import get_settings
 from worker import host_queues, hosts, lifecycle, logs, metrics, runtime
-from worker.app import app
+from worker.app import app, direct_queue
 from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST
 from worker.errors import RunNotFound
 from worker.spec import TurnPayload
@@ -98,7 +97,7 @@ def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
     deps = runtime.deps()
     deps.host_queues.update(host_queues.host_queues(deps.settings))
     for queue in sorted(set(deps.host_queues.values())):
-        instance.app.amqp.queues.select_add(Queue(queue))
+        instance.app.amqp.queues.select_add(direct_queue(queue))
     log.info("worker.host_queues", extra={"queues": deps.host_queues})
 
 

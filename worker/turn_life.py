@@ -11,6 +11,7 @@ yet), so that a consumer who sees the end of a turn finds the record already upd
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -47,6 +48,12 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
 return 1
 """
+
+
+_in_flight: set[tuple[str, str, int]] = set()
+"""Turns this process holds. A second delivery of the same message to the same process
+carries the same token as the first, so only this tells it from a retry of a lost claim."""
+_in_flight_lock = threading.Lock()
 
 
 class Patience:
@@ -158,6 +165,8 @@ class TurnLife:
         self.usage: Callable[[], Usage] = lambda: NO_USAGE
         self._owner_key = deps.keys.turn_owner(run_id, turn)
         self._last_beat = time.monotonic()
+        self._claimed = False
+        self._held: tuple[str, str, int] | None = None
         self.ended = False
 
     # -- claim and heartbeat ---------------------------------------------------------------
@@ -166,7 +175,23 @@ class TurnLife:
         """Take the turn. False when another delivery took it first. Redis errors propagate:
         nothing has happened yet, so the delivery may simply be tried again."""
         deps, ref = self.deps, self.ref
+        here = (deps.keys.prefix, ref.run_id, ref.turn)
+        with _in_flight_lock:
+            if here in _in_flight:
+                return False
+            _in_flight.add(here)
+        self._held = here
         token = f"{deps.worker_id}/{delivery or uuid.uuid4().hex}"
+        try:
+            claimed = self._claim(token)
+        finally:
+            if not self._claimed:
+                with _in_flight_lock:
+                    _in_flight.discard(here)
+        return claimed
+
+    def _claim(self, token: str) -> bool:
+        deps, ref = self.deps, self.ref
         claimed = deps.redis.eval(
             _CLAIM_TURN,
             2,
@@ -176,7 +201,8 @@ class TurnLife:
             deps.settings.retention_s + deps.settings.run_lease_s,
             deps.settings.heartbeat_ttl_s,
         )
-        return bool(claimed)
+        self._claimed = bool(claimed)
+        return self._claimed
 
     def heartbeat(self) -> None:
         """Refresh the owner key (a third of its TTL at most); a Redis error is ignored, the
@@ -212,6 +238,9 @@ class TurnLife:
 
     def release(self) -> None:
         """The turn is over on this worker: drop the owner heartbeat."""
+        with _in_flight_lock:
+            if self._held is not None:
+                _in_flight.discard(self._held)
         try:
             self.patience.call(lambda: self.deps.redis.delete(self._owner_key))
         except (redis.ConnectionError, redis.TimeoutError):

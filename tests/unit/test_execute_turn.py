@@ -483,6 +483,7 @@ def test_a_claim_whose_reply_was_lost_is_recognised_by_its_retry(world: World) -
     run_id = world.run()
     first = TurnLife(world.deps, run_id, 1, "stdio-json")
     assert first.claim("delivery-1")
+    first.release()  # the reply was lost: the delivery raised, nothing runs here
     assert TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-1")  # the retry
     assert not TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-2")  # a copy
 
@@ -504,3 +505,15 @@ def test_patience_is_one_budget_for_the_whole_turn() -> None:
         patience.call(down)  # no fresh budget for a second call
     assert time.monotonic() - started < 2.0
     assert calls[0] >= 3
+
+
+def test_a_second_delivery_to_the_process_holding_the_turn_is_a_duplicate(world: World) -> None:
+    from worker.turn_life import TurnLife
+
+    run_id = world.run()
+    holder = TurnLife(world.deps, run_id, 1, "stdio-json")
+    assert holder.claim("delivery-1")
+    # The same message again (same delivery id) while the turn runs here: not a retry.
+    assert not TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-1")
+    holder.release()
+    assert TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-1")
