@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from pathlib import Path
 
@@ -50,8 +51,16 @@ def test_two_daemons_on_one_machine_never_share_a_host_queue(
     )
     assert client.wait(run_id, 1, timeout=60).type == "turn-complete"
     record = client.status(run_id)
-    assert record["queue"] == f"{env.prefix}.host.docker.{_daemon_id(None)}"
-    assert _daemon_id(second) != _daemon_id(None)
+    assert record["queue"].startswith(f"{env.prefix}.host.docker.{_daemon_id(None)}.")
+    # The other worker serves its own daemon's queue, even where the two daemons report one
+    # ID (as they do here when the second shares /etc/docker/key.json): the mark each
+    # daemon carries tells them apart.
+    other_queues = env.redis().get(
+        env.keys.worker_alive(f"{socket.gethostname()}:{other.proc.pid}")
+    )
+    [other_host_queue] = [q for q in other_queues.split(",") if ".host." in q]
+    assert other_host_queue.startswith(f"{env.prefix}.host.docker.{_daemon_id(second)}.")
+    assert other_host_queue != record["queue"]
     container = record["container_id"]
     for turn in range(2, 6):
         assert client.submit_turn(run_id, f"turn {turn}") == turn
