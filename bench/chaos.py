@@ -500,17 +500,15 @@ class Chaos:
 
 def distinct_daemons(cluster: Cluster) -> str:
     """Why the hosts' workers would share one host queue ("" when they do not): two daemons
-    that report one ID. Docker before 23 derives the ID from /etc/docker/key.json, which a
-    second daemon on the same machine shares unless it is given a key of its own."""
+    that a worker names alike (sandbox/identity.py), so runs would not keep their container."""
     by_queue: dict[str, list[str]] = {}
     for host in cluster.hosts:
         by_queue.setdefault(cluster.host_queue(host), []).append(host.docker_url or "default")
     for queue, daemons in by_queue.items():
         if len(daemons) > 1:
             return (
-                f"the Docker daemons {daemons} report one ID, so their workers share the host "
-                f"queue {queue}: runs would not keep their container. Give the second daemon a "
-                'key of its own (Docker < 23: daemon.json "deprecated-key-path")'
+                f"the Docker daemons {daemons} are named alike, so their workers share the host "
+                f"queue {queue}: runs would not keep their container"
             )
     return ""
 
