@@ -396,7 +396,7 @@ class HarnessClient:
                 yield waiting
 
     def _gave_up(self, run_id: str, turn: int, wait: float, waiting: Waiting | None) -> str:
-        text = f"no worker started turn {turn} of run {run_id} within {wait:g}s"
+        text = f"no worker started turn {turn} of run {run_id} within {wait:.3g}s"
         if waiting is not None:
             text += f" (no live worker consumes its queue {waiting.queue})"
         return text + "; the turn stays queued"
