@@ -113,7 +113,10 @@ class RunOptions(BaseModel):
         for pattern in value:
             # Patterns become argv values of variadic flags: a leading "-" would be a flag.
             if not pattern or len(pattern) > 500 or _CONTROL.search(pattern) or pattern[0] == "-":
-                raise ValueError(f"invalid tool pattern {shown(pattern)}")
+                raise ValueError(
+                    f"invalid tool pattern {shown(pattern)}: 1 to 500 characters, no "
+                    "control characters, not starting with '-'"
+                )
         return value
 
     @field_validator("grants")
@@ -130,14 +133,19 @@ class RunOptions(BaseModel):
     @classmethod
     def _image_ref(cls, value: str | None) -> str | None:
         if value is not None and (len(value) > 255 or not IMAGE_REF.fullmatch(value)):
-            raise ValueError(f"invalid image reference {shown(value)}")
+            raise ValueError(
+                f"invalid image reference {shown(value)}: expected [registry/]name[:tag][@digest]"
+            )
         return value
 
     @field_validator("resume_session")
     @classmethod
     def _session_id(cls, value: str | None) -> str | None:
         if value is not None and not SESSION_ID.fullmatch(value):
-            raise ValueError(f"invalid vendor session id {shown(value)}")
+            raise ValueError(
+                f"invalid vendor session id {shown(value)}: up to 200 letters, digits, "
+                "'_', '.', ':' or '-', starting with a letter, a digit or '_'"
+            )
         return value
 
     @field_validator("base_url")
@@ -180,10 +188,25 @@ def parse_options(**fields: object) -> RunOptions:
         raise InvalidInput(_describe(exc)) from None
 
 
+_EXPECTED_FORM = {
+    "memory": "a memory size: a number of bytes, or a number followed by b, k, m or g (512m, 2g)",
+    "workspace": "a workspace name: 1 to 64 letters, digits, '_', '.' or '-', starting with "
+    "a letter or a digit",
+}
+"""What a field with a ``pattern`` expects, in words: pydantic's own message would print
+the regular expression to the producer."""
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"]) or "input"
-        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "string_pattern_mismatch":
+            form = _EXPECTED_FORM.get(where, "the documented form")
+            message = f"{shown(error['input'])} is not {form}"
+        elif error["type"] == "extra_forbidden":
+            message = "unknown option (refused rather than ignored)"
+        else:
+            message = error["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {message}")
     return "invalid request: " + "; ".join(parts)
