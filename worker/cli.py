@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import adapters
+from adapters import HARNESS_IDS
 from config import SettingsError
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
 from worker.policy import not_utf8
@@ -19,7 +23,7 @@ EXIT_STATUSES = f"""\
 exit status:
   0    done (with --follow: the turn completed; without: the turn was accepted)
   1    the turn failed, the run is unknown, or Redis or the broker cannot be reached
-       (reap: a sandbox backend could not be asked)
+       (reap: a sandbox backend could not be asked; doctor: a check failed)
   2    bad usage, or refused: invalid input (text that is not UTF-8 included), unknown
        harness, beyond operator policy, a turn already in flight, the run has ended
   {TurnWaitTimeout.exit_code}  --wait: no worker started the turn in time (the turn stays queued)
@@ -27,10 +31,16 @@ exit status:
 
 With --follow, a turn that no live worker takes is said to wait (on stderr; with --json, a
 {{"notice": "waiting", ...}} line) and followed until a worker starts it. `events --follow`
-and the follow of run and turn ride out a Redis outage, resuming after the last event seen.
+ends when the run ends (status ended or failed) or its keys are gone. `events --follow` and
+the follow of run and turn ride out a Redis outage, resuming after the last event seen.
 """
 RETRY_S = 1.0
 """How often a follow tries Redis again during an outage."""
+RUN_CHECK_S = 1.0
+"""How often ``events --follow`` looks whether the run has ended."""
+LAST_TERMINAL_GRACE_S = 5.0
+"""An ended run's record is written before its last turn's terminal event: ``events
+--follow`` waits this long for that event before it stops without it."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,6 +100,34 @@ def _check_utf8_args(args: argparse.Namespace) -> None:
                 raise InvalidInput(f"{label} {not_utf8(text, exc)}") from None
 
 
+RUN_DESCRIPTION = f"""\
+Start a run of HARNESS and send it its first turn. The run id is printed alone on the first
+line of stdout (scripts read it); with --follow the turn's events follow.
+
+harnesses: {", ".join(HARNESS_IDS)}
+  (stdio-json runs your own executable: --executable PATH, allowed by the operator)
+"""
+OPERATOR_BOUND = "within the operator's policy"
+HELP_WIDTH = 92
+_RUN_EXITS = (
+    "0 accepted (with --follow: the turn completed), 1 the turn failed or Redis or the "
+    "broker cannot be reached, 2 bad usage or refused, "
+    f"{TurnWaitTimeout.exit_code} --wait ran out, 130 interrupted"
+)
+_RECORD_EXITS = "0 done, 1 unknown run or Redis unreachable, 2 bad usage (an invalid run id)"
+COMMAND_EXITS = {
+    "run": _RUN_EXITS,
+    "turn": _RUN_EXITS + "; 1 also an unknown run, 2 also a turn in flight or an ended run",
+    "events": _RECORD_EXITS + " or event id",
+    "status": _RECORD_EXITS,
+    "cancel": _RECORD_EXITS,
+    "end": _RECORD_EXITS,
+    "reap": "0 done, 1 a sandbox backend could not be asked",
+    "doctor": "0 every check passed (warnings allowed), 1 a check failed",
+}
+"""Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="harness",
@@ -97,14 +135,35 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
 
-    def output_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--json", action="store_true", help="one JSON object per line")
+    def command(name: str, text: str, description: str | None = None) -> argparse.ArgumentParser:
+        description = description or text[0].upper() + text[1:] + "."
+        if "\n" not in description:
+            description = textwrap.fill(description, HELP_WIDTH)
+        return sub.add_parser(
+            name,
+            help=text,
+            description=description,
+            epilog=textwrap.fill(f"exit status: {COMMAND_EXITS[name]}", HELP_WIDTH)
+            + "\n(all of them: harness --help)",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    def run_id(p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_id", metavar="RUN_ID", help="the run id ('r' and 24 hex digits)")
+
+    def output_flags(p: argparse.ArgumentParser, what: str = "one JSON object per line") -> None:
+        p.add_argument("--json", action="store_true", help=what)
 
     def follow_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--follow", action="store_true", help="stream this turn's events until it ends"
+            "--follow",
+            action="store_true",
+            help="stream this turn's events until its terminal event; the exit status is "
+            "then the turn's (0 completed, 1 failed)",
         )
         p.add_argument(
             "--wait",
@@ -117,54 +176,176 @@ def build_parser() -> argparse.ArgumentParser:
             ),
         )
 
-    run = sub.add_parser("run", help="start a run and its first turn")
-    run.add_argument("harness")
-    run.add_argument("prompt", nargs="?", default="-", help="the input, or - for stdin")
-    run.add_argument("--system-prompt", help="TEXT or @FILE")
-    run.add_argument("--model")
-    run.add_argument("--posture", choices=("strict", "auto", "dangerous"))
-    run.add_argument("--allow", action="append", default=[], metavar="PATTERN")
-    run.add_argument("--deny", action="append", default=[], metavar="PATTERN")
-    run.add_argument("--grant", action="append", default=[], metavar="NAME")
-    run.add_argument("--sandbox", choices=("docker", "local"))
-    run.add_argument("--image")
-    run.add_argument("--network", choices=("none", "bridge", "host"))
-    run.add_argument("--resume-session", metavar="VENDOR_SESSION_ID")
-    run.add_argument("--base-url", metavar="URL")
-    run.add_argument("--executable", metavar="PATH")
-    run.add_argument("--workspace", metavar="NAME", help="a durable workspace shared across runs")
-    run.add_argument("--timeout", type=float, metavar="SECONDS")
-    run.add_argument("--memory", metavar="SIZE", help="container memory limit, e.g. 512m")
-    run.add_argument("--cpus", type=float, metavar="N", help="container CPU limit")
-    run.add_argument("--pids", type=int, metavar="N", help="container process limit")
+    run = command("run", "start a run and its first turn", RUN_DESCRIPTION)
+    run.add_argument("harness", metavar="HARNESS", help="one of: " + ", ".join(HARNESS_IDS))
+    run.add_argument(
+        "prompt",
+        metavar="PROMPT",
+        nargs="?",
+        default="-",
+        help="the first turn's input; - (or nothing) reads it from standard input",
+    )
+    run.add_argument(
+        "--system-prompt",
+        metavar="TEXT",
+        help="a system prompt, or @FILE to read it from a file (through the harness's own "
+        "system-prompt channel where it has one, else before the input)",
+    )
+    run.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="the model to ask the harness for (a warning when the harness has no model "
+        "selection); the record keeps the model it reports using",
+    )
+    run.add_argument(
+        "--posture",
+        choices=("strict", "auto", "dangerous"),
+        help="what the harness may do unasked: strict (nothing), auto (edits and safe "
+        "commands; the default), dangerous (everything, inside its container)",
+    )
+    run.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a tool pattern the harness may use without asking (repeatable)",
+    )
+    run.add_argument(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a tool pattern the harness must not use (repeatable)",
+    )
+    run.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an environment variable the worker passes from its own secrets into the "
+        f"sandbox, {OPERATOR_BOUND} (repeatable)",
+    )
+    run.add_argument(
+        "--sandbox",
+        choices=("docker", "local"),
+        help=f"where the harness runs (default: the worker's HARNESS_SANDBOX), {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--image", help=f"the container image (default: the harness's own), {OPERATOR_BOUND}"
+    )
+    run.add_argument(
+        "--network",
+        choices=("none", "bridge", "host"),
+        help=f"the container's network (default: HARNESS_NETWORK), {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--resume-session",
+        metavar="VENDOR_SESSION_ID",
+        help="continue this vendor session (a prior run's session_id); the session event "
+        "says whether it really resumed",
+    )
+    run.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="send the harness's model traffic here (a gateway, proxy or self-hosted model), "
+        "as the vendor's SDK writes it (ending in /v1 for OpenAI-style APIs)",
+    )
+    run.add_argument(
+        "--executable",
+        metavar="PATH",
+        help=f"the harness program (stdio-json only, and required there), {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--workspace",
+        metavar="NAME",
+        help="a durable workspace shared across runs (default: the run's own, removed at end)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"each turn's wall-clock limit (default: HARNESS_TURN_TIMEOUT_S), {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--memory",
+        metavar="SIZE",
+        help=f"container memory limit, e.g. 512m or 2g, {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--cpus", type=float, metavar="N", help=f"container CPU limit, {OPERATOR_BOUND}"
+    )
+    run.add_argument(
+        "--pids", type=int, metavar="N", help=f"container process limit, {OPERATOR_BOUND}"
+    )
     follow_flags(run)
-    output_flags(run)
+    output_flags(run, "one JSON object per line: {run_id, turn}, then the events")
 
-    turn = sub.add_parser("turn", help="submit the next turn of a run")
-    turn.add_argument("run_id")
-    turn.add_argument("input", nargs="?", default="-")
+    turn = command(
+        "turn",
+        "submit the next turn of a run",
+        "Submit the next turn of an idle run (refused, exit status 2, while a turn is in "
+        "flight or once the run has ended).",
+    )
+    run_id(turn)
+    turn.add_argument(
+        "input",
+        metavar="INPUT",
+        nargs="?",
+        default="-",
+        help="the turn's input; - (or nothing) reads it from standard input",
+    )
     follow_flags(turn)
-    output_flags(turn)
+    output_flags(turn, "one JSON object per line: {run_id, turn}, then the events")
 
-    events = sub.add_parser("events", help="print a run's events")
-    events.add_argument("run_id")
-    events.add_argument("--after", metavar="ID")
-    events.add_argument("--follow", action="store_true")
-    output_flags(events)
+    events = command(
+        "events",
+        "print a run's events",
+        "Print a run's events, oldest first. With --follow, wait for new ones until the run "
+        "ends (status ended or failed, its last turn's terminal event printed) or its keys "
+        "are gone; a Redis outage is ridden out.",
+    )
+    run_id(events)
+    events.add_argument(
+        "--after",
+        metavar="ID",
+        help="only events after this entry id (TURN-SEQ, like 3-0): resume where you left off",
+    )
+    events.add_argument(
+        "--follow",
+        action="store_true",
+        help="wait for new events until the run ends (ended or failed) or is gone",
+    )
+    output_flags(events, "one JSON object per line: id, type, data, ts")
 
-    for name, text in (
-        ("status", "print the run record"),
-        ("cancel", "stop the in-flight turn"),
-        ("end", "tear the run down"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("run_id")
-        output_flags(p)
+    status = command(
+        "status",
+        "print the run record",
+        "Print the run record: its status first, then the rest; times as local dates with "
+        "their distance from now.",
+    )
+    run_id(status)
+    output_flags(status, "the record as one JSON object, typed (numbers, booleans, null)")
+    cancel = command(
+        "cancel",
+        "stop the in-flight turn",
+        "Stop the run's in-flight turn (it ends with a session-error of reason cancelled); "
+        "says so when nothing is in flight.",
+    )
+    run_id(cancel)
+    output_flags(cancel, "one JSON object: {run_id, cancelled}")
+    end = command(
+        "end",
+        "tear the run down",
+        "Tear the run down: its process, container, workspace (unless durable) and "
+        "credential. Idempotent.",
+    )
+    run_id(end)
+    output_flags(end, "one JSON object: {run_id, status, note}")
 
-    reap = sub.add_parser("reap", help="remove sandboxes whose run is gone or whose lease expired")
-    output_flags(reap)
-    doctor = sub.add_parser("doctor", help="check broker, Redis, Docker, images and harnesses")
-    output_flags(doctor)
+    reap = command("reap", "remove sandboxes whose run is gone or whose lease expired")
+    output_flags(reap, 'one JSON object per line: {"removed": ...} or {"unreachable": ...}')
+    doctor = command("doctor", "check broker, Redis, Docker, images and harnesses")
+    output_flags(doctor, "one JSON object: ok, checks, capabilities")
     return parser
 
 
@@ -216,6 +397,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     renderer = Renderer(json_output=args.json)
     if args.command == "run":
         prompt = _text_arg(args.prompt, "prompt")
+        for warning in _ignored_options(args, client.settings.sandbox):
+            print(f"harness: warning: {warning}", file=sys.stderr)
         run_id = client.start_run(
             args.harness,
             prompt,
@@ -252,7 +435,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         for item in _resuming(
             client,
             renderer,
-            lambda after: client.events(args.run_id, after=after, follow=True),
+            lambda after: _events_until_run_ends(client, args.run_id, after),
             args.after,
         ):
             renderer.event(item)
@@ -275,6 +458,69 @@ def _dispatch(args: argparse.Namespace) -> int:
         renderer.message({"run_id": args.run_id, "status": record["status"], "note": note}, text)
         return 0
     raise AssertionError(args.command)
+
+
+def _ignored_options(args: argparse.Namespace, default_sandbox: str) -> list[str]:
+    """Options this run would silently ignore, each said as a warning."""
+    warnings = []
+    if (
+        args.model
+        and args.harness in HARNESS_IDS
+        and not adapters.capabilities(args.harness)["model_selection"]
+    ):
+        warnings.append(
+            f"{args.harness} has no model selection: --model {args.model} is not passed "
+            "to the harness (the run record keeps it as model_requested)"
+        )
+    if (args.sandbox or default_sandbox) == "local":
+        ignored = [
+            f"--{name}"
+            for name in ("image", "network", "memory", "cpus", "pids")
+            if getattr(args, name) is not None
+        ]
+        if ignored:
+            warnings.append(
+                f"the local sandbox ignores {', '.join(ignored)} (a process on the worker's "
+                "machine: no container, no limits, no network policy)"
+            )
+    return warnings
+
+
+def _events_until_run_ends(client: Any, run_id: str, after: str | None) -> Iterator[Any]:
+    """The run's events after ``after`` as they come, until the run has ended (status ended
+    or failed, and its last turn's terminal event read, or LAST_TERMINAL_GRACE_S passed
+    without it) or its keys are gone."""
+    from worker.errors import RunNotFound
+    from worker.records import FINISHED
+
+    cursor, finished_at = after, None
+    while True:
+        for event in client.events(run_id, after=cursor, follow=True, timeout=RUN_CHECK_S):
+            cursor = event.id
+            yield event
+        try:
+            record = client.status(run_id)
+        except RunNotFound:
+            return
+        if record.get("status") not in FINISHED:
+            finished_at = None
+            continue
+        last = int(record.get("turns") or 0)
+        finished_at = finished_at or time.monotonic()
+        grace_over = time.monotonic() - finished_at >= LAST_TERMINAL_GRACE_S
+        with contextlib.suppress(RunNotFound):  # the keys went away meanwhile: nothing left
+            if not (last == 0 or grace_over or _turn_ended(client, run_id, last)):
+                continue
+            yield from client.events(run_id, after=cursor)
+        return
+
+
+def _turn_ended(client: Any, run_id: str, turn: int) -> bool:
+    """Whether turn ``turn``'s terminal event is in the run's stream."""
+    before = "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
+    return any(
+        event.terminal and event.turn == turn for event in client.events(run_id, after=before)
+    )
 
 
 def _follow(client: Any, renderer: Renderer, run_id: str, turn: int, wait: float | None) -> int:
