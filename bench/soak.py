@@ -218,18 +218,19 @@ class Soak:
         if [e.type for e in events].count("session") > 1:
             self.problems.append(f"{where}: the harness ran more than once")
         expected = EXPECTED_REASON.get(kind)
-        if cancelled_at is not None and cancelled_at - events[0].ts >= TURN_TIMEOUT_S - 0.5:
+        late = cancelled_at is not None and cancelled_at - events[0].ts >= TURN_TIMEOUT_S - 0.5
+        if kind == "cancel" and late:
             # Faults on other threads (a Redis restart) held the cancel back until the turn
             # had all but timed out: either ending is right.
             expected = {"cancelled", "timeout"}
         if expected and terminal.get("reason") not in expected:
-            late = (
+            sent = (
                 ""
                 if cancelled_at is None
                 else f", cancel sent {cancelled_at - events[0].ts:.1f} s in"
             )
             self.problems.append(
-                f"{where}: ended {terminal.get('type')} {terminal.get('reason')}{late}"
+                f"{where}: ended {terminal.get('type')} {terminal.get('reason')}{sent}"
             )
         if kind in ("none", "redis-restart"):
             texts = [e.data["text"] for e in events if e.type == "assistant-text"]
