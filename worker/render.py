@@ -264,25 +264,26 @@ class Renderer:
         self.err.write(f"harness: {text}\n")
         self.err.flush()
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: dict[str, Any], now: float | None = None) -> None:
+        """A run record (``harness status``): typed JSON, or :func:`record_rows` for a person."""
         if self.json:
             self._line(json.dumps(record))
             return
-        waiting = record.get("waiting_for_worker")
-        record = {k: v for k, v in record.items() if k != "waiting_for_worker"}
-        if isinstance(waiting, dict):
-            record["waiting"] = waiting_text(waiting)
+        rows = record_rows(record, now)
         if not self.interactive:
-            width = max((len(k) for k in record), default=0)
-            for key, value in record.items():
-                self._line(f"{key:<{width}}  {_shown(value)}")
+            width = max((len(k) for k, _ in rows), default=0)
+            for key, value in rows:
+                first, *rest = value.split("\n")
+                self._line(f"{key:<{width}}  {first}".rstrip())
+                for line in rest:
+                    self._line(f"{'':<{width}}  {line}")
             return
         table = Table(show_header=False, box=None, pad_edge=False)
         table.add_column(style="dim", no_wrap=True)
         table.add_column(overflow="fold")
-        for key, value in record.items():
-            style = _STATUS_STYLE.get(str(value), "") if key == "status" else ""
-            table.add_row(key, Text(clean(_shown(value)), style=style))
+        for key, value in rows:
+            style = _STATUS_STYLE.get(value, "") if key == "status" else ""
+            table.add_row(key, Text(value, style=style))
         self._print(table)
 
     def event(self, event: Any) -> None:
@@ -433,12 +434,97 @@ def _retry_hint(data: dict[str, Any]) -> str:
     return f"retryable after {after:g}s" if isinstance(after, int | float) else "retryable"
 
 
-def _shown(value: Any) -> str:
+RECORD_ORDER = (
+    "status",
+    "waiting",
+    "last_error",
+    "warnings",
+    "run_id",
+    "harness",
+    "turns",
+    "current_turn",
+    "session_id",
+    "resumed",
+    "model_requested",
+    "model_reported",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cost_usd",
+    "created_at",
+    "updated_at",
+    "lease_until",
+    "sandbox",
+    "container_id",
+    "queue",
+    "credential_live",
+    "options",
+    "carry",
+)
+"""The order ``harness status`` shows a record in: the status first, then what went wrong,
+then the rest; fields it does not know follow, as they come."""
+VALUE_LIMIT = 120
+"""A long text in a record (a system prompt in ``options``) is cut to this many characters."""
+
+
+def record_rows(record: dict[str, Any], now: float | None = None) -> list[tuple[str, str]]:
+    """A run record as (field, text) rows for a person: the status first; times as local
+    dates with how long ago (or how soon); options and carry as ``key=value`` lines, warnings
+    one per line; None as ``-``. A value may hold several lines."""
+    now = time.time() if now is None else now
+    fields = dict(record)
+    waiting = fields.pop("waiting_for_worker", None)
+    if isinstance(waiting, dict):
+        fields["waiting"] = waiting_text(waiting, now)
+    order = {key: i for i, key in enumerate(RECORD_ORDER)}
+    keys = sorted(fields, key=lambda k: order.get(k, len(order)))
+    return [(key, clean(_record_value(key, fields[key], now))) for key in keys]
+
+
+def format_moment(ts: float, now: float | None = None) -> str:
+    """A moment for a person: the local date and time, and how long ago or how soon."""
+    now = time.time() if now is None else now
+    clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    distance = format_distance(abs(now - ts))
+    return f"{clock} ({distance} ago)" if ts <= now else f"{clock} (in {distance})"
+
+
+def format_distance(seconds: float) -> str:
+    """A coarse span: ``12s``, ``3m``, ``2h05m``, ``4d3h``."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"
+
+
+def _record_value(key: str, value: Any, now: float) -> str:
     if value is None:
-        return ""
-    if isinstance(value, dict | list):
-        return json.dumps(value)
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float) and (key.endswith("_at") or key.endswith("_until")):
+        return format_moment(float(value), now)
+    if key == "cost_usd" and isinstance(value, int | float):
+        return format_cost(float(value))
+    if isinstance(value, dict):
+        pairs = [
+            f"{k}={_pair_value(v)}"
+            for k, v in value.items()
+            if v is not None and v != [] and v != ()
+        ]
+        return "\n".join(pairs) or "(none)"
+    if isinstance(value, list | tuple):
+        return "\n".join(_pair_value(item) for item in value) or "(none)"
     return str(value)
+
+
+def _pair_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return one_line(text, VALUE_LIMIT) if text.strip() else repr(text)
 
 
 _STATUS_STYLE = {

@@ -15,6 +15,7 @@ from worker.client import StreamEvent
 from worker.render import Renderer
 
 RUN_ID = "r" + "a" * 24
+NOW = 1_800_000_000.0
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -216,15 +217,110 @@ def test_no_spinner_when_not_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_record_prints_key_value_lines_when_piped() -> None:
     out = io.StringIO()
-    Renderer(False, out).record(
-        {"run_id": RUN_ID, "status": "idle", "options": {"a": 1}, "x": None}
-    )
+    Renderer(False, out).record({"run_id": RUN_ID, "status": "idle", "x": None}, now=NOW)
     assert out.getvalue().splitlines() == [
-        f"run_id   {RUN_ID}",
-        "status   idle",
-        'options  {"a": 1}',
-        "x        ",
+        "status  idle",
+        f"run_id  {RUN_ID}",
+        "x       -",
     ]
+
+
+STATUS_RECORD: dict[str, Any] = {
+    "carry": {},
+    "options": {
+        "harness": "stdio-json",
+        "model": "foo",
+        "system_prompt": None,
+        "posture": "auto",
+        "allow": [],
+        "grants": ["DEMO_TOKEN"],
+        "executable": "harness-demo",
+        "timeout_s": 30.0,
+    },
+    "model_requested": "foo",
+    "queue": "harness.host.local.vm",
+    "run_id": RUN_ID,
+    "turns": 2,
+    "warnings": ["first warning", "second warning"],
+    "cost_usd": None,
+    "status": "idle",
+    "resumed": False,
+    "created_at": NOW - 180,
+    "updated_at": NOW - 5,
+    "lease_until": NOW + 3540,
+    "future_field": 7,
+    "waiting_for_worker": None,
+}
+
+
+def status_lines(record: dict[str, Any]) -> list[str]:
+    out = io.StringIO()
+    Renderer(False, out).record(record, now=NOW)
+    return out.getvalue().splitlines()
+
+
+def local(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def test_status_shows_the_status_first_and_unknown_fields_last() -> None:
+    lines = status_lines(STATUS_RECORD)
+    assert lines[0].split() == ["status", "idle"]
+    assert lines[1].startswith("warnings ")
+    assert lines[-1].split() == ["future_field", "7"]
+
+
+def test_status_times_are_local_dates_with_how_long_ago_or_how_soon() -> None:
+    rows = dict(render.record_rows(STATUS_RECORD, now=NOW))
+    assert rows["created_at"] == f"{local(NOW - 180)} (3m ago)"
+    assert rows["updated_at"] == f"{local(NOW - 5)} (5s ago)"
+    assert rows["lease_until"] == f"{local(NOW + 3540)} (in 59m)"
+
+
+def test_status_shows_options_as_key_value_lines_and_warnings_one_per_line() -> None:
+    rows = dict(render.record_rows(STATUS_RECORD, now=NOW))
+    assert rows["options"].splitlines() == [
+        "harness=stdio-json",
+        "model=foo",
+        "posture=auto",
+        'grants=["DEMO_TOKEN"]',
+        "executable=harness-demo",
+        "timeout_s=30.0",
+    ]
+    assert rows["warnings"].splitlines() == ["first warning", "second warning"]
+    assert rows["carry"] == "(none)"
+    assert rows["resumed"] == "no"
+    assert rows["cost_usd"] == "-"
+    assert "waiting_for_worker" not in rows and "waiting" not in rows
+    text = "\n".join(value for _, value in render.record_rows(STATUS_RECORD, now=NOW))
+    assert "{" not in text.replace('["DEMO_TOKEN"]', "")  # no raw JSON object anywhere
+
+
+def test_status_continuation_lines_are_aligned_when_piped() -> None:
+    lines = status_lines(STATUS_RECORD)
+    at = next(i for i, line in enumerate(lines) if line.startswith("options "))
+    column = lines[at].index("harness=")
+    assert lines[at + 1] == " " * column + "model=foo"
+
+
+def test_status_cuts_a_long_text_in_the_options() -> None:
+    record = {**STATUS_RECORD, "options": {"system_prompt": "x" * 10_000}}
+    value = dict(render.record_rows(record, now=NOW))["options"]
+    assert value.startswith("system_prompt=xxx") and len(value) < 200
+
+
+def test_status_json_is_the_typed_record_unchanged() -> None:
+    out = io.StringIO()
+    Renderer(True, out).record(STATUS_RECORD, now=NOW)
+    assert json.loads(out.getvalue()) == STATUS_RECORD
+    assert len(out.getvalue().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"), [(0, "0s"), (59, "59s"), (180, "3m"), (7500, "2h05m"), (360000, "4d4h")]
+)
+def test_distances_are_coarse(seconds: float, shown: str) -> None:
+    assert render.format_distance(seconds) == shown
 
 
 def test_summary_says_when_the_stream_ended_without_a_terminal() -> None:
@@ -242,7 +338,6 @@ def test_durations_read_naturally(seconds: float, shown: str) -> None:
 
 # -- notices: a turn waiting for a worker, an end waiting for its teardown -----------------------
 
-NOW = 1_800_000_000.0
 WAITING = {
     "notice": "waiting",
     "for": "turn",
