@@ -13,7 +13,8 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from worker.keys import Keys, SyncRedis
+from worker import lua
+from worker.keys import Keys, RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +25,13 @@ def is_host_queue(queue: str, keys: Keys) -> bool:
     return queue.startswith(f"{keys.prefix}.host.")
 
 
-def alive(client: SyncRedis, keys: Keys, queue: str) -> bool:
+def alive(client: RedisClient, keys: Keys, queue: str) -> bool:
     """True while some live worker consumes ``queue`` (any queue: harness or host)."""
     return bool(client.exists(keys.host_alive(queue)))
 
 
 def beat_once(
-    client: SyncRedis,
+    client: RedisClient,
     keys: Keys,
     queues: Iterable[str],
     host_queues_: Iterable[str],
@@ -48,7 +49,7 @@ def beat_once(
 
 
 def start_heartbeat(
-    client: SyncRedis,
+    client: RedisClient,
     keys: Keys,
     queues: Iterable[str],
     host_queues_: Iterable[str],
@@ -72,14 +73,9 @@ def start_heartbeat(
     return stop
 
 
-def stop_heartbeat(client: SyncRedis, keys: Keys, queues: Iterable[str], worker_id: str) -> None:
+def stop_heartbeat(client: RedisClient, keys: Keys, queues: Iterable[str], worker_id: str) -> None:
     """A worker leaving on purpose: drop its keys now, unless another worker refreshed them."""
+    scripts = lua.scripts(client)
     for queue in queues:
-        client.eval(_DELETE_IF_MINE, 1, keys.host_alive(queue), worker_id)
+        scripts.delete_if_mine(keys.host_alive(queue), worker_id)
     client.delete(keys.worker_alive(worker_id))
-
-
-_DELETE_IF_MINE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""

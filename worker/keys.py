@@ -2,12 +2,124 @@
 
 from __future__ import annotations
 
+import builtins
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
-#: A synchronous ``redis.Redis`` with ``decode_responses=True``. redis-py annotates every
-#: command as ``Awaitable[T] | T`` (shared with its asyncio client), which turns correct
-#: synchronous code into type errors, so the client is typed as Any at our seams.
+#: What a Redis command takes as a value (redis-py encodes numbers itself).
+Value: TypeAlias = str | int | float
+#: One stream entry as ``decode_responses=True`` returns it: its id and its fields.
+StreamEntry: TypeAlias = tuple[str, dict[str, str]]
+
+
+class Script(Protocol):
+    """A Lua script registered on a client (``register_script``): called by EVALSHA, loaded
+    again by itself when Redis has forgotten it."""
+
+    def __call__(self, keys: Sequence[str] = ..., args: Sequence[Value] = ...) -> Any: ...
+
+
+class SyncPipeline(Protocol):
+    """The commands we queue on a pipeline; :meth:`execute` returns their replies in order."""
+
+    def set(self, name: str, value: Value, ex: int | None = None) -> SyncPipeline: ...
+
+    def hset(
+        self,
+        name: str,
+        key: str | None = None,
+        value: Value | None = None,
+        mapping: Mapping[str, Value] | None = None,
+    ) -> SyncPipeline: ...
+
+    def sadd(self, name: str, *values: str) -> SyncPipeline: ...
+
+    def srem(self, name: str, *values: str) -> SyncPipeline: ...
+
+    def delete(self, *names: str) -> SyncPipeline: ...
+
+    def expire(self, name: str, time: int) -> SyncPipeline: ...
+
+    def execute_command(self, *args: Value) -> SyncPipeline: ...
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]: ...
+
+
+class RedisClient(Protocol):
+    """A synchronous ``redis.Redis`` with ``decode_responses=True``, as we use it.
+
+    redis-py annotates every command ``Awaitable[T] | T`` (one signature for its sync and
+    asyncio clients), so its own class types correct synchronous code as errors. This is
+    the subset of commands we call, with the replies a synchronous client returns. A
+    ``redis.Redis`` (or ``fakeredis.FakeRedis``) becomes one where it is created: with a
+    ``cast``, since it matches only at run time.
+    """
+
+    def get(self, name: str) -> str | None: ...
+
+    def set(
+        self,
+        name: str,
+        value: Value,
+        ex: int | None = None,
+        px: int | None = None,
+        nx: bool = False,
+    ) -> bool | None: ...
+
+    def delete(self, *names: str) -> int: ...
+
+    def exists(self, *names: str) -> int: ...
+
+    def expire(self, name: str, time: int) -> bool: ...
+
+    def hgetall(self, name: str) -> dict[str, str]: ...
+
+    def hset(
+        self,
+        name: str,
+        key: str | None = None,
+        value: Value | None = None,
+        mapping: Mapping[str, Value] | None = None,
+    ) -> int: ...
+
+    def hkeys(self, name: str) -> list[str]: ...
+
+    def sadd(self, name: str, *values: str) -> int: ...
+
+    def srem(self, name: str, *values: str) -> int: ...
+
+    def smembers(self, name: str) -> builtins.set[str]: ...
+
+    def sismember(self, name: str, value: str) -> bool: ...
+
+    def rpush(self, name: str, *values: Value) -> int: ...
+
+    def lrange(self, name: str, start: int, end: int) -> list[str]: ...
+
+    def xrange(
+        self, name: str, min: str = "-", max: str = "+", count: int | None = None
+    ) -> list[StreamEntry]: ...
+
+    def xrevrange(
+        self, name: str, max: str = "+", min: str = "-", count: int | None = None
+    ) -> list[StreamEntry]: ...
+
+    def xread(
+        self, streams: Mapping[str, str], count: int | None = None, block: int | None = None
+    ) -> list[tuple[str, list[StreamEntry]]]: ...
+
+    def register_script(self, script: str) -> Script: ...
+
+    def pipeline(self, transaction: bool = True) -> SyncPipeline: ...
+
+    def ping(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+#: The client at seams whose construction is not cast to :class:`RedisClient` yet
+#: (``worker/redis_client.py``, ``worker/doctor.py``): Any until they are.
 SyncRedis: TypeAlias = Any
 
 

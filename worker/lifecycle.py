@@ -17,9 +17,9 @@ from config import Settings
 from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
 from worker import credentials, hosts, metrics
 from worker.errors import RunNotFound
-from worker.keys import Keys, SyncRedis
+from worker.keys import Keys, RedisClient
 from worker.publisher import last_seq
-from worker.records import FINISHED, IN_FLIGHT, RunStore
+from worker.records import FINISHED, IN_FLIGHT, RunRecord, RunStore
 from worker.turn import TurnDeps, close_lost_turn
 from worker.turn_life import TurnRef, end_unclaimed_turn
 
@@ -29,15 +29,14 @@ log = logging.getLogger(__name__)
 def end_run(deps: TurnDeps, run_id: str) -> bool:
     """Tear a run down on this host: process, sandbox, workspace (per scope). Idempotent."""
     try:
-        record = deps.store.get(run_id)
+        record = deps.store.record(run_id)
     except RunNotFound:
         return False
-    options = record.get("options") or {}
-    backend = record.get("sandbox") or deps.settings.sandbox
+    backend = record.sandbox or deps.settings.sandbox
     _wait_for_turn_to_stop(deps, run_id, record)
     try:
         sandbox = deps.sandbox_for(backend)
-        sandbox.teardown(run_id, keep_workspace=bool(options.get("workspace")))
+        sandbox.teardown(run_id, keep_workspace=_keeps_workspace(record))
     except SandboxError as exc:
         metrics.teardown_failed()
         log.warning("run.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
@@ -49,11 +48,15 @@ def end_run(deps: TurnDeps, run_id: str) -> bool:
     return True
 
 
-def _wait_for_turn_to_stop(deps: TurnDeps, run_id: str, record: dict[str, Any]) -> None:
+def _keeps_workspace(record: RunRecord | None) -> bool:
+    return bool(record and record.options and record.options.workspace)
+
+
+def _wait_for_turn_to_stop(deps: TurnDeps, run_id: str, record: RunRecord) -> None:
     """The client cancelled the in-flight turn before asking for the end: let it publish its
     ``cancelled`` terminal before the sandbox goes, rather than fail as a sandbox error."""
-    turn = record.get("current_turn") or 0
-    if record.get("status") not in IN_FLIGHT or not turn:
+    turn = record.current_turn or 0
+    if record.status not in IN_FLIGHT or not turn:
         return
     deadline = time.monotonic() + deps.settings.kill_grace_s + 10
     while time.monotonic() < deadline and deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
@@ -82,11 +85,11 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
     """Remove this host's sandboxes whose run ended, is unknown, or whose lease expired."""
     now = time.time()
     for found in sandbox.managed():
-        raw = deps.redis.hgetall(deps.keys.run(found.run_id))
-        status = raw.get("status") if raw else None
+        record = deps.store.find(found.run_id)
+        status = record.status if record else None
         lease = found.lease_until
-        if raw and raw.get("lease_until"):
-            lease = max(lease or 0.0, float(raw["lease_until"]))
+        if record and record.lease_until:
+            lease = max(lease or 0.0, record.lease_until)
         expired = lease is not None and lease < now
         if found.run_id.startswith("pool-"):
             if expired:  # a warm container nobody claimed in time
@@ -94,12 +97,11 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
                 report.sandboxes.append(found.run_id)
             continue
         if status is None or status in FINISHED or (expired and status not in IN_FLIGHT):
-            keep = bool(raw and json.loads(raw.get("options") or "{}").get("workspace"))
-            sandbox.teardown(found.run_id, keep_workspace=keep)
+            sandbox.teardown(found.run_id, keep_workspace=_keeps_workspace(record))
             credentials.revoke(deps.redis, deps.keys, found.run_id)
             report.sandboxes.append(found.run_id)
             metrics.reaped(sandbox.backend)
-            if raw and status not in FINISHED:
+            if record and status not in FINISHED:
                 deps.store.update(found.run_id, status="ended", last_error="lease expired")
             log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
 
@@ -107,14 +109,14 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
 def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
     """Give every in-flight turn whose worker stopped heartbeating its ``worker-lost`` end."""
     for run_id in deps.redis.smembers(deps.keys.runs_index()):
-        raw = deps.redis.hgetall(deps.keys.run(run_id))
-        if not raw:
+        record = deps.store.find(run_id)
+        if record is None:
             deps.redis.srem(deps.keys.runs_index(), run_id)
             report.forgotten.append(run_id)
             continue
-        if raw.get("status") not in IN_FLIGHT:
+        if record.status not in IN_FLIGHT:
             continue
-        turn = int(raw.get("current_turn") or 0)
+        turn = record.current_turn or 0
         if turn < 1:
             continue
         if not deps.redis.exists(deps.keys.turn_started(run_id, turn)):
@@ -124,7 +126,7 @@ def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
         _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
         if last_type in ("turn-complete", "session-error"):
             continue
-        close_lost_turn(deps, run_id, turn, raw.get("harness", ""))
+        close_lost_turn(deps, run_id, turn, record.harness)
         report.lost_turns.append(f"{run_id}/{turn}")
 
 
@@ -204,7 +206,7 @@ def start_reaper(deps: TurnDeps) -> threading.Event:
 
 
 def fail_stranded_turn(
-    deps_redis: SyncRedis,
+    deps_redis: RedisClient,
     keys: Keys,
     store: RunStore,
     settings: Settings,
@@ -236,16 +238,16 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
     """Close queued turns that waited too long for a worker on their run's host."""
     now = time.time()
     for run_id in deps.redis.smembers(deps.keys.runs_index()):
-        raw = deps.redis.hgetall(deps.keys.run(run_id))
-        if not raw or raw.get("status") not in IN_FLIGHT:
+        record = deps.store.find(run_id)
+        if record is None or record.status not in IN_FLIGHT:
             continue
-        queue = raw.get("queue", "")
+        queue = record.queue or ""
         if not hosts.is_host_queue(queue, deps.keys) or hosts.alive(deps.redis, deps.keys, queue):
             continue
-        turn = int(raw.get("current_turn") or 0)
+        turn = record.current_turn or 0
         if not turn or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
             continue
-        if now - _sent_at(deps, run_id, turn, raw) < deps.settings.host_wait_s:
+        if now - _sent_at(deps, run_id, turn, record) < deps.settings.host_wait_s:
             continue
         if (
             fail_stranded_turn(
@@ -255,7 +257,7 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
                 deps.settings,
                 run_id,
                 turn,
-                raw.get("harness", ""),
+                record.harness,
                 queue,
             )
             and report is not None
@@ -263,7 +265,7 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
             report.waited_out.append(f"{run_id}/{turn}")
 
 
-def _sent_at(deps: TurnDeps, run_id: str, turn: int, raw: dict[str, str]) -> float:
+def _sent_at(deps: TurnDeps, run_id: str, turn: int, record: RunRecord) -> float:
     """When the turn was first sent: its queued entry says; the record's last update is the
     fallback (a producer that sent it set the run running then)."""
     entry = deps.redis.get(deps.keys.turn_queued(run_id, turn))
@@ -272,7 +274,7 @@ def _sent_at(deps: TurnDeps, run_id: str, turn: int, raw: dict[str, str]) -> flo
             first = json.loads(entry).get("first_sent_at") or json.loads(entry).get("sent_at")
             if first:
                 return float(first)
-    return float(raw.get("updated_at") or time.time())
+    return record.updated_at or time.time()
 
 
 def warm_pools(deps: TurnDeps) -> int:
@@ -337,10 +339,10 @@ def resend_unclaimed_turns(
     resent: list[str] = []
     now = time.time()
     for run_id in deps.redis.smembers(deps.keys.runs_index()):
-        raw = deps.redis.hgetall(deps.keys.run(run_id))
-        if not raw or raw.get("status") not in IN_FLIGHT:
+        record = deps.store.find(run_id)
+        if record is None or record.status not in IN_FLIGHT:
             continue
-        turn = int(raw.get("current_turn") or 0)
+        turn = record.current_turn or 0
         if turn < 1 or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
             continue
         key = deps.keys.turn_queued(run_id, turn)

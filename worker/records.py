@@ -1,15 +1,29 @@
-"""Run records: the hash ``harness:run:{run_id}`` (CONTRACT.md, "Run record")."""
+"""Run records: the hash ``harness:run:{run_id}`` (CONTRACT.md, "Run record").
+
+:class:`RunRecord` is the record, typed; its codec is the only code that turns its fields into
+Redis strings and back, by each field's declared type. :class:`RecordChanges` names what a
+write may change. :class:`RunStore` reads and writes records (its atomic steps are the Lua
+scripts of :mod:`worker.lua`).
+"""
 
 from __future__ import annotations
 
 import json
 import time
+import types
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypedDict, Unpack
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker import lua
 from worker.errors import RunBusy, RunEnded, RunNotFound
-from worker.keys import Keys, SyncRedis
+from worker.keys import Keys, RedisClient
 from worker.spec import RunOptions
+
+RunStatus = Literal["starting", "running", "idle", "ended", "failed"]
 
 CONTRACT_FIELDS = (
     "run_id",
@@ -30,153 +44,213 @@ CONTRACT_FIELDS = (
     "updated_at",
     "last_error",
 )
-_INTS = {"turns", "input_tokens", "output_tokens", "current_turn", "cached_input_tokens"}
-_FLOATS = {"cost_usd", "created_at", "updated_at", "lease_until"}
-_BOOLS = {"resumed"}
-_JSON = {"options", "carry", "warnings"}
 
-IN_FLIGHT = ("starting", "running")
-FINISHED = ("ended", "failed")
-
-# Atomically take the next turn number, refusing a busy or finished run.
-_BEGIN_TURN = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return {-1, ''} end
-if status == 'ended' or status == 'failed' then return {-3, status} end
-if status == 'starting' or status == 'running' then
-  return {-2, redis.call('HGET', KEYS[1], 'current_turn') or ''}
-end
-local turn = redis.call('HINCRBY', KEYS[1], 'turns', 1)
-redis.call('HSET', KEYS[1], 'status', 'running', 'current_turn', turn, 'updated_at', ARGV[1])
-return {turn, status}
-"""
-
-# Add a turn's usage to the totals (cost stays empty until a harness prices something), then
-# mark the turn finished if it is still the run's current turn and the run is not ended.
-_FINISH_TURN = """
-redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[5])
-redis.call('HINCRBY', KEYS[1], 'cached_input_tokens', ARGV[6])
-if ARGV[7] ~= '' then
-  local cost = redis.call('HGET', KEYS[1], 'cost_usd')
-  if not cost or cost == '' then
-    redis.call('HSET', KEYS[1], 'cost_usd', ARGV[7])
-  else
-    redis.call('HINCRBYFLOAT', KEYS[1], 'cost_usd', ARGV[7])
-  end
-end
-local current = redis.call('HGET', KEYS[1], 'current_turn')
-if current ~= ARGV[1] then return 0 end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'running' or status == 'starting' then
-  redis.call('HSET', KEYS[1], 'status', ARGV[2])
-end
-redis.call('HSET', KEYS[1], 'updated_at', ARGV[3])
-return 1
-"""
+IN_FLIGHT: tuple[RunStatus, ...] = ("starting", "running")
+FINISHED: tuple[RunStatus, ...] = ("ended", "failed")
 
 
-# The first turn's run leaves "starting" once a worker has its sandbox (never after an end).
-_MARK_RUNNING = """
-if redis.call('HGET', KEYS[1], 'status') == 'starting' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[1])
-  return 1
-end
-return 0
-"""
+class RunRecord(BaseModel):
+    """One run's record. In Redis every field is a string: an integer or a float as its
+    decimal text, a boolean as ``1`` or ``0``, a model, dict or list as JSON, and unknown
+    (None) as the empty string. :meth:`decode` and :meth:`encode` are that codec."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str
+    harness: str = ""
+    status: RunStatus
+    turns: int = 0
+    current_turn: int | None = None
+    """The turn in flight, or the last one; what ``turns`` was when it began."""
+    session_id: str | None = None
+    resumed: bool | None = None
+    model_requested: str | None = None
+    model_reported: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float | None = None
+    """None until a harness prices a turn."""
+    sandbox: str | None = None
+    container_id: str | None = None
+    queue: str | None = None
+    """Where the run's later turns go: its sandbox's host queue once it has one."""
+    created_at: float | None = None
+    updated_at: float | None = None
+    last_error: str | None = None
+    options: RunOptions | None = None
+    carry: dict[str, Any] = Field(default_factory=dict)
+    """What the adapter's last turn left for the next (``TurnRequest.carry``)."""
+    lease_until: float | None = None
+    """Unix time until which the run's sandbox is kept without a turn."""
+    warnings: list[str] | None = None
+
+    @classmethod
+    def decode(cls, raw: Mapping[str, str]) -> RunRecord:
+        """A record from the strings Redis holds (fields we do not know are ignored)."""
+        values = {
+            name: _CODECS[name][1](text)
+            for name, text in raw.items()
+            if name in _CODECS and text != ""
+        }
+        return cls.model_validate(values)
+
+    def encode(self) -> dict[str, str]:
+        """Every field as the string Redis holds."""
+        return encode({name: getattr(self, name) for name in type(self).model_fields})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as JSON-able typed values (``harness status --json``), null for unknown."""
+        return self.model_dump(mode="json")
 
 
-def decode(raw: dict[str, str]) -> dict[str, Any]:
-    """A record as typed values: ints, floats, booleans, JSON, and None for empty."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if value == "":
-            out[key] = None
-        elif key in _INTS:
-            out[key] = int(float(value))
-        elif key in _FLOATS:
-            out[key] = float(value)
-        elif key in _BOOLS:
-            out[key] = value == "1"
-        elif key in _JSON:
-            out[key] = json.loads(value)
-        else:
-            out[key] = value
-    for key in CONTRACT_FIELDS:
-        out.setdefault(key, None)
-    return out
+class RecordChanges(TypedDict, total=False):
+    """What a write to a record may change, typed as in :class:`RunRecord` (a test keeps the
+    two in step); None makes a field unknown again."""
+
+    status: RunStatus
+    session_id: str | None
+    resumed: bool | None
+    model_reported: str | None
+    sandbox: str | None
+    container_id: str | None
+    queue: str | None
+    last_error: str | None
+    carry: dict[str, Any]
+    lease_until: float | None
+    warnings: list[str] | None
+
+
+def encode(fields: Mapping[str, Any]) -> dict[str, str]:
+    """Fields of a record (all or some) as the strings Redis holds."""
+    return {name: _CODECS[name][0](value) for name, value in fields.items()}
+
+
+def _encode_text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _encode_int(value: Any) -> str:
+    return "" if value is None else str(int(value))
+
+
+def _encode_float(value: Any) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _encode_bool(value: Any) -> str:
+    return "" if value is None else ("1" if value else "0")
+
+
+def _encode_json(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return json.dumps(value)
+
+
+_Codec = tuple[Callable[[Any], str], Callable[[str], Any]]
+
+_BY_TYPE: dict[object, _Codec] = {
+    str: (_encode_text, str),
+    int: (_encode_int, lambda text: int(float(text))),
+    float: (_encode_float, float),
+    bool: (_encode_bool, lambda text: text == "1"),
+}
+_JSON: _Codec = (_encode_json, json.loads)
+
+
+def _codec(annotation: Any) -> _Codec:
+    """The codec of a declared type: that of ``X`` for ``X | None``, text for a Literal."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        (annotation,) = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return _BY_TYPE[str]
+    return _BY_TYPE.get(annotation, _JSON)
+
+
+_CODECS: dict[str, _Codec] = {
+    name: _codec(info.annotation) for name, info in RunRecord.model_fields.items()
+}
 
 
 @dataclass
 class RunStore:
-    redis: SyncRedis
+    redis: RedisClient
     keys: Keys
     retention_s: int
 
     def __post_init__(self) -> None:
-        self._begin = self.redis.register_script(_BEGIN_TURN)
-        self._finish = self.redis.register_script(_FINISH_TURN)
-        self._running = self.redis.register_script(_MARK_RUNNING)
+        self._scripts = lua.scripts(self.redis)
 
     def create(self, run_id: str, options: RunOptions, queue: str, sandbox: str) -> None:
         now = time.time()
-        fields = {
-            "run_id": run_id,
-            "harness": options.harness,
-            "status": "starting",
-            "turns": 1,
-            "current_turn": 1,
-            "session_id": "",
-            "resumed": "",
-            "model_requested": options.model or "",
-            "model_reported": "",
-            "input_tokens": 0,
-            "output_tokens": 0,
-            "cached_input_tokens": 0,
-            "cost_usd": "",
-            "sandbox": sandbox,
-            "container_id": "",
-            "queue": queue,
-            "created_at": now,
-            "updated_at": now,
-            "last_error": "",
-            "options": options.model_dump_json(),
-            "carry": "{}",
-        }
+        record = RunRecord(
+            run_id=run_id,
+            harness=options.harness,
+            status="starting",
+            turns=1,
+            current_turn=1,
+            model_requested=options.model,
+            sandbox=sandbox,
+            queue=queue,
+            created_at=now,
+            updated_at=now,
+            options=options,
+        )
         pipe = self.redis.pipeline()
-        pipe.hset(self.keys.run(run_id), mapping=fields)
+        pipe.hset(self.keys.run(run_id), mapping=record.encode())
         pipe.sadd(self.keys.runs_index(), run_id)
         pipe.execute()
 
     def raw(self, run_id: str) -> dict[str, str]:
-        data: dict[str, str] = self.redis.hgetall(self.keys.run(run_id))
+        """The record's strings, as Redis holds them."""
+        data = self.redis.hgetall(self.keys.run(run_id))
         if not data:
             raise RunNotFound(run_id)
         return data
 
+    def find(self, run_id: str) -> RunRecord | None:
+        """The record, or None when there is none. A hash without a status is none either:
+        what a write raced with the record's deletion left of it."""
+        data = self.redis.hgetall(self.keys.run(run_id))
+        if "status" not in data:
+            return None
+        return RunRecord.decode({"run_id": run_id, **data})
+
+    def record(self, run_id: str) -> RunRecord:
+        found = self.find(run_id)
+        if found is None:
+            raise RunNotFound(run_id)
+        return found
+
     def get(self, run_id: str) -> dict[str, Any]:
-        return decode(self.raw(run_id))
+        """The record as typed JSON-able values (see :meth:`RunRecord.as_dict`)."""
+        return self.record(run_id).as_dict()
 
     def options(self, run_id: str) -> RunOptions:
-        return RunOptions.model_validate_json(self.raw(run_id)["options"])
+        options = self.record(run_id).options
+        if options is None:
+            raise RunNotFound(run_id)
+        return options
 
     def begin_turn(self, run_id: str) -> int:
-        code, detail = self._begin(keys=[self.keys.run(run_id)], args=[time.time()])
-        code = int(code)
+        code, detail = self._scripts.begin_turn(self.keys.run(run_id), time.time())
         if code == -1:
             raise RunNotFound(run_id)
         if code == -2:
             raise RunBusy(run_id, int(detail) if detail else None)
         if code == -3:
-            raise RunEnded(run_id, str(detail))
+            raise RunEnded(run_id, detail)
         return code
 
     def mark_running(self, run_id: str) -> None:
-        self._running(keys=[self.keys.run(run_id)], args=[time.time()])
+        self._scripts.mark_running(self.keys.run(run_id), time.time())
 
-    def update(self, run_id: str, **fields: Any) -> None:
-        encoded = {k: _encode(v) for k, v in fields.items()}
-        encoded["updated_at"] = str(time.time())
+    def update(self, run_id: str, **changes: Unpack[RecordChanges]) -> None:
+        """Change some fields (and ``updated_at``)."""
+        encoded = encode({**changes, "updated_at": time.time()})
         self.redis.hset(self.keys.run(run_id), mapping=encoded)
 
     def finish_turn(
@@ -184,18 +258,23 @@ class RunStore:
         run_id: str,
         turn: int,
         *,
-        status: str,
+        status: RunStatus,
         usage: tuple[int, int, int, float | None],
-        fields: dict[str, Any],
+        changes: RecordChanges | None = None,
     ) -> bool:
-        """Add the turn's usage to the run totals and set the run idle (or failed)."""
-        key = self.keys.run(run_id)
+        """Write the turn's ``changes``, add its usage to the run totals and set the run idle
+        (or failed) if the turn is still its current one. False when it is not (or the
+        record is gone)."""
         input_tokens, output_tokens, cached, cost = usage
-        if fields:
-            self.redis.hset(key, mapping={k: _encode(v) for k, v in fields.items()})
-        args = [str(turn), status, time.time(), input_tokens, output_tokens, cached]
-        args.append("" if cost is None else repr(float(cost)))
-        return bool(self._finish(keys=[key], args=args))
+        return self._scripts.finish_turn(
+            self.keys.run(run_id),
+            turn,
+            status,
+            time.time(),
+            (input_tokens, output_tokens, cached),
+            cost,
+            encode(changes or {}),
+        )
 
     def expire(self, run_id: str, seconds: int) -> None:
         pipe = self.redis.pipeline()
@@ -208,15 +287,5 @@ class RunStore:
         self.redis.rpush(self.keys.transcript(run_id), entry)
 
     def transcript(self, run_id: str) -> list[dict[str, Any]]:
-        raw: list[str] = self.redis.lrange(self.keys.transcript(run_id), 0, -1)
+        raw = self.redis.lrange(self.keys.transcript(run_id), 0, -1)
         return [json.loads(item) for item in raw]
-
-
-def _encode(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, dict | list | tuple):
-        return json.dumps(value)
-    return str(value)

@@ -21,7 +21,7 @@ from adapters.events import session_error
 from config import get_settings
 from worker import host_queues, hosts, lifecycle, logs, metrics, runtime
 from worker.app import app, direct_queue
-from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST
+from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST, TASK_RUN_TURN
 from worker.errors import RunNotFound
 from worker.spec import TurnPayload
 from worker.turn import execute_turn
@@ -33,7 +33,7 @@ _stops: list[threading.Event] = []
 _consumed: list[str] = []
 
 
-@app.task(name="harness.run_turn", bind=True, acks_late=True, max_retries=30)
+@app.task(name=TASK_RUN_TURN, bind=True, acks_late=True, max_retries=30)
 def run_turn(self: Task, payload: dict[str, Any]) -> str:
     turn = TurnPayload.model_validate(payload)
     deps = runtime.deps()

@@ -34,6 +34,7 @@ from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
 from worker.policy import check_input, resolve, resolve_secrets
 from worker.publisher import Masker, RedisStreamPublisher, last_seq
+from worker.records import RecordChanges, RunRecord, RunStatus
 from worker.spec import RunOptions, TurnPayload
 from worker.turn_deps import Shutdown, TurnDeps
 from worker.turn_life import TurnLife, TurnRef, end_unclaimed_turn
@@ -98,7 +99,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         """The turn has published its ``turn-started``: its terminal continues that stream."""
         life.publisher = out.publisher
 
-    def refuse(error: SessionError, *, run_status: str = "idle") -> str:
+    def refuse(error: SessionError, *, run_status: RunStatus = "idle") -> str:
         out.send([header])
         started()
         return _close(payload, out, life, error, run_status=run_status, final_text=None)
@@ -119,7 +120,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
     )
 
-    record = wait(lambda: deps.store.get(run_id))
+    record = wait(lambda: deps.store.record(run_id))
     sandbox = deps.sandbox_for(resolved.sandbox)
     lease_until = time.time() + settings.run_lease_s
     try:
@@ -144,7 +145,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
             "sandbox.prepare_failed",
             extra={"run_id": run_id, "turn": turn, "backend": sandbox.backend, "error": str(exc)},
         )
-        first_and_alone = turn == 1 and not record.get("container_id")
+        first_and_alone = turn == 1 and not record.container_id
         if first_and_alone:
             # Nothing of the run exists yet but what this attempt left: remove it.
             sandbox.teardown(run_id, keep_workspace=options.workspace is not None)
@@ -154,7 +155,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
             run_status="failed" if first_and_alone else "idle",
         )
     wait(lambda: deps.store.mark_running(run_id))
-    host_queue = deps.host_queues.get(placement.backend) or record.get("queue")
+    host_queue = deps.host_queues.get(placement.backend) or record.queue
     wait(
         lambda: deps.store.update(
             run_id,
@@ -192,7 +193,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
     if (
         isinstance(terminal, SessionError)
         and request.resume_session
-        and getattr(driver.state, "resume_rejected", False)
+        and driver.state.resume_rejected
     ):
         log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": turn})
         replayed = _replay_text(wait(lambda: deps.store.transcript(run_id)))
@@ -217,11 +218,15 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
             "sandbox.turn_failed", extra={"run_id": run_id, "turn": turn, "error": terminal.error}
         )
 
-    carry = getattr(driver.state, "carry", None)
     final_text = terminal.text if isinstance(terminal, TurnComplete) else None
-    extra: dict[str, Any] = {"carry": carry} if carry else {}
     return _close(
-        payload, out, life, terminal, run_status="idle", final_text=final_text, extra=extra
+        payload,
+        out,
+        life,
+        terminal,
+        run_status="idle",
+        final_text=final_text,
+        carry=driver.state.carry,
     )
 
 
@@ -304,11 +309,11 @@ def _request(
     options: RunOptions,
     payload: TurnPayload,
     placement: Placement,
-    record: dict[str, Any],
+    record: RunRecord,
     executable: str | None,
     secrets: dict[str, str],
 ) -> TurnRequest:
-    resume = options.resume_session if payload.turn == 1 else record.get("session_id") or None
+    resume = options.resume_session if payload.turn == 1 else record.session_id or None
     return TurnRequest(
         input=payload.input,
         turn=payload.turn,
@@ -323,7 +328,7 @@ def _request(
         base_url=options.base_url,
         executable=executable,
         granted_env=frozenset(secrets),
-        carry=record.get("carry") or {},
+        carry=record.carry,
     )
 
 
@@ -339,7 +344,7 @@ def _replay_text(transcript: list[dict[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
-def _status_after_refusal(turn: int) -> str:
+def _status_after_refusal(turn: int) -> RunStatus:
     return "failed" if turn == 1 else "idle"
 
 
@@ -349,31 +354,32 @@ def _close(
     life: TurnLife,
     terminal: Event,
     *,
-    run_status: str,
+    run_status: RunStatus,
     final_text: str | None,
-    extra: dict[str, Any] | None = None,
+    carry: dict[str, Any] | None = None,
 ) -> str:
     """The facts the run record keeps of this turn, then its one terminal event."""
-    fields: dict[str, Any] = dict(extra or {})
-    for session in out.sessions:
-        fields["session_id"] = session.session_id
-        fields["resumed"] = session.resumed
-        if session.model:
-            fields["model_reported"] = session.model
-    if isinstance(terminal, TurnComplete):
-        if terminal.session_id:
-            fields["session_id"] = terminal.session_id
-        if terminal.model:
-            fields["model_reported"] = terminal.model
-        fields["last_error"] = ""
-    elif isinstance(terminal, SessionError):
-        fields["last_error"] = f"{terminal.reason}: {terminal.error}"
     # Everything the harness said may carry a granted value it printed: mask what Redis keeps.
     mask = out.publisher.masker.mask
-    fields = {k: mask(v) if isinstance(v, str) else v for k, v in fields.items()}
+    changes = RecordChanges()
+    if carry:
+        changes["carry"] = carry
+    for session in out.sessions:
+        changes["session_id"] = mask(session.session_id)
+        changes["resumed"] = session.resumed
+        if session.model:
+            changes["model_reported"] = mask(session.model)
+    if isinstance(terminal, TurnComplete):
+        if terminal.session_id:
+            changes["session_id"] = mask(terminal.session_id)
+        if terminal.model:
+            changes["model_reported"] = mask(terminal.model)
+        changes["last_error"] = None
+    elif isinstance(terminal, SessionError):
+        changes["last_error"] = mask(f"{terminal.reason}: {terminal.error}")
     # The transcript is replayed into a fresh session later: keep granted values out of it.
     transcript = None if final_text is None else (mask(payload.input), mask(final_text))
-    return life.end(terminal, run_status=run_status, fields=fields, transcript=transcript)
+    return life.end(terminal, run_status=run_status, changes=changes, transcript=transcript)
 
 
 def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) -> str:

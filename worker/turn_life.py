@@ -16,16 +16,16 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 
 from adapters.events import TERMINAL_TYPES, Event, SessionError, TurnStarted, session_error
 from config import Settings
-from worker import credentials
-from worker.keys import Keys, SyncRedis
+from worker import credentials, lua
+from worker.keys import Keys, RedisClient
 from worker.publisher import Masker, RedisStreamPublisher, last_seq
-from worker.records import RunStore
+from worker.records import RecordChanges, RunStatus, RunStore
 from worker.turn_deps import TurnDeps
 
 log = logging.getLogger(__name__)
@@ -37,18 +37,6 @@ REDIS_PATIENCE_S = 600.0
 
 Usage = tuple[int, int, int, float | None]
 NO_USAGE: Usage = (0, 0, 0, None)
-
-# Take a turn: the started mark and the owner's heartbeat are set together or not at all, so
-# a Redis error between the two cannot make a turn that never ran look like a lost one. A mark
-# holding our own token is our earlier claim whose reply was lost (the delivery was retried).
-_CLAIM_TURN = """
-local token = redis.call('GET', KEYS[1])
-if token and token ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
-return 1
-"""
-
 
 _in_flight: set[tuple[str, str, int]] = set()
 """Turns this process holds. A second delivery of the same message to the same process
@@ -79,7 +67,7 @@ class Patience:
 class TurnRef:
     """One turn of one run, and where its record and stream live."""
 
-    redis: SyncRedis
+    redis: RedisClient
     keys: Keys
     store: RunStore
     settings: Settings
@@ -92,10 +80,10 @@ def write_terminal(
     ref: TurnRef,
     terminal: Event,
     *,
-    run_status: str,
+    run_status: RunStatus,
     publisher: RedisStreamPublisher | None = None,
     usage: Usage = NO_USAGE,
-    fields: dict[str, Any] | None = None,
+    changes: RecordChanges | None = None,
     transcript: tuple[str, str] | None = None,
     patience: Patience | None = None,
 ) -> bool:
@@ -124,12 +112,12 @@ def write_terminal(
         if next_seq == 0:
             events.append(TurnStarted(harness=ref.harness, attempt=1, input_chars=0))
     events.append(terminal)
-    record = dict(fields or {})
+    record = changes.copy() if changes else RecordChanges()
     if isinstance(terminal, SessionError):
         record.setdefault("last_error", f"{terminal.reason}: {terminal.error}")
     patience.call(
         lambda: ref.store.finish_turn(
-            ref.run_id, ref.turn, status=run_status, usage=usage, fields=record
+            ref.run_id, ref.turn, status=run_status, usage=usage, changes=record
         )
     )
     if transcript is not None:
@@ -192,16 +180,13 @@ class TurnLife:
 
     def _claim(self, token: str) -> bool:
         deps, ref = self.deps, self.ref
-        claimed = deps.redis.eval(
-            _CLAIM_TURN,
-            2,
+        self._claimed = lua.scripts(deps.redis).claim_turn(
             deps.keys.turn_started(ref.run_id, ref.turn),
             self._owner_key,
             token,
             deps.settings.retention_s + deps.settings.run_lease_s,
             deps.settings.heartbeat_ttl_s,
         )
-        self._claimed = bool(claimed)
         return self._claimed
 
     def heartbeat(self) -> None:
@@ -266,8 +251,8 @@ class TurnLife:
         self,
         terminal: Event,
         *,
-        run_status: str,
-        fields: dict[str, Any] | None = None,
+        run_status: RunStatus,
+        changes: RecordChanges | None = None,
         transcript: tuple[str, str] | None = None,
     ) -> str:
         """Record the turn and publish its terminal event, once. Returns the outcome label."""
@@ -280,7 +265,7 @@ class TurnLife:
             run_status=run_status,
             publisher=self.publisher,
             usage=self.usage(),
-            fields=fields,
+            changes=changes,
             transcript=transcript,
             patience=self.patience,
         )
@@ -306,7 +291,7 @@ def end_unclaimed_turn(
     ref: TurnRef,
     error: SessionError,
     *,
-    run_status: str = "idle",
+    run_status: RunStatus = "idle",
     patience_s: float = 30.0,
 ) -> bool:
     """End a turn no harness will finish and no worker holds (lost with its worker, waited

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import typing
+
 import fakeredis
 import pytest
 
 from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.keys import Keys
-from worker.records import CONTRACT_FIELDS, RunStore, decode
+from worker.records import CONTRACT_FIELDS, RecordChanges, RunRecord, RunStore
 from worker.spec import RunOptions
 
 RUN = "r" + "a" * 24
@@ -32,7 +34,7 @@ def created(store: RunStore) -> RunStore:
 
 
 def _finish(store: RunStore, turn: int, usage: tuple[int, int, int, float | None]) -> bool:
-    return store.finish_turn(RUN, turn, status="idle", usage=usage, fields={})
+    return store.finish_turn(RUN, turn, status="idle", usage=usage)
 
 
 def test_create_writes_contract_fields_with_turn_one_in_flight(
@@ -135,13 +137,15 @@ def test_finish_turn_sets_idle_only_for_current_turn(created: RunStore) -> None:
 
 
 def test_finish_turn_sets_failed_when_asked(created: RunStore) -> None:
-    created.finish_turn(RUN, 1, status="failed", usage=(0, 0, 0, None), fields={})
+    created.finish_turn(RUN, 1, status="failed", usage=(0, 0, 0, None))
     assert created.get(RUN)["status"] == "failed"
 
 
 def test_finish_turn_never_overrides_ended(created: RunStore) -> None:
     created.update(RUN, status="ended")
-    created.finish_turn(RUN, 1, status="idle", usage=(3, 1, 0, None), fields={"last_error": "late"})
+    created.finish_turn(
+        RUN, 1, status="idle", usage=(3, 1, 0, None), changes={"last_error": "late"}
+    )
     record = created.get(RUN)
     assert record["status"] == "ended"
     assert record["input_tokens"] == 3
@@ -153,7 +157,7 @@ def test_finish_turn_writes_fields(created: RunStore) -> None:
         1,
         status="idle",
         usage=(0, 0, 0, None),
-        fields={
+        changes={
             "session_id": "s-1",
             "resumed": True,
             "model_reported": "demo-1",
@@ -190,13 +194,13 @@ def test_decode_types_each_kind_of_field() -> None:
         "session_id": "",
         "status": "idle",
     }
-    record = decode(raw)
+    record = RunRecord.decode(raw).as_dict()
     assert record["turns"] == 3 and isinstance(record["turns"], int)
     assert record["input_tokens"] == 12
     assert record["cost_usd"] == 0.125
     assert record["created_at"] == 1700000000.5
     assert record["resumed"] is True
-    assert record["options"] == {"harness": "pi"}
+    assert record["options"] == RunOptions(harness="pi").model_dump(mode="json")
     assert record["carry"] == {}
     assert record["session_id"] is None
     assert record["status"] == "idle"
@@ -205,7 +209,53 @@ def test_decode_types_each_kind_of_field() -> None:
 
 
 def test_decode_resumed_false_when_zero() -> None:
-    assert decode({"resumed": "0"})["resumed"] is False
+    assert RunRecord.decode({"run_id": RUN, "status": "idle", "resumed": "0"}).resumed is False
+
+
+def test_decode_ignores_fields_it_does_not_know() -> None:
+    record = RunRecord.decode({"run_id": RUN, "status": "idle", "later_field": "x"})
+    assert "later_field" not in record.as_dict()
+
+
+def test_encode_then_decode_gives_the_same_record(created: RunStore) -> None:
+    created.update(RUN, resumed=True, warnings=["w"], carry={"a": [1]}, lease_until=12.5)
+    record = created.record(RUN)
+    assert RunRecord.decode(record.encode()) == record
+    assert record.options == RunOptions(
+        harness="stdio-json", executable="harness-demo", model="m-1"
+    )
+
+
+def test_record_changes_are_typed_as_the_record_declares() -> None:
+    declared = typing.get_type_hints(RecordChanges)
+    fields = RunRecord.model_fields
+    assert {name: fields[name].annotation for name in declared} == declared
+
+
+def test_status_dict_has_every_field_null_when_unknown(created: RunStore) -> None:
+    record = created.get(RUN)
+    assert list(record) == list(RunRecord.model_fields)
+    assert (record["lease_until"], record["warnings"], record["resumed"]) == (None, None, None)
+    assert record["carry"] == {}
+
+
+def test_a_hash_without_status_is_no_record(created: RunStore, client: fakeredis.FakeRedis) -> None:
+    client.delete(KEYS.run(RUN))
+    client.hset(KEYS.run(RUN), "input_tokens", "3")
+    assert created.find(RUN) is None
+    with pytest.raises(RunNotFound):
+        created.get(RUN)
+
+
+def test_finish_turn_leaves_a_deleted_record_deleted(
+    created: RunStore, client: fakeredis.FakeRedis
+) -> None:
+    client.delete(KEYS.run(RUN))
+    finished = created.finish_turn(
+        RUN, 1, status="idle", usage=(3, 1, 0, 0.5), changes={"last_error": "late"}
+    )
+    assert finished is False
+    assert not client.exists(KEYS.run(RUN))
 
 
 def test_transcript_appends_in_order(created: RunStore) -> None:
