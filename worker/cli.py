@@ -397,8 +397,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     renderer = Renderer(json_output=args.json)
     if args.command == "run":
         prompt = _text_arg(args.prompt, "prompt")
-        for warning in _ignored_options(args, client.settings.sandbox):
-            print(f"harness: warning: {warning}", file=sys.stderr)
         run_id = client.start_run(
             args.harness,
             prompt,
@@ -420,6 +418,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             cpus=args.cpus,
             pids=args.pids,
         )
+        for warning in _ignored_options(args, client.settings.sandbox):
+            print(f"harness: warning: {warning}", file=sys.stderr)
         renderer.accepted(run_id, 1)
         return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
     if args.command == "turn":
