@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, cast
 
-from adapters.protocol import Adapter
+from adapters.protocol import Adapter, AdapterState
 
 #: Harness id → module under ``adapters``. A harness id is also its fixture folder and
 #: settings key.
@@ -33,11 +33,12 @@ class UnknownHarness(ValueError):
         self.harness_id = harness_id
 
 
-def get(harness_id: str) -> Adapter:
+def get(harness_id: str) -> Adapter[AdapterState]:
+    """The adapter module of ``harness_id``; its state is an :class:`AdapterState`."""
     module = MODULES.get(harness_id)
     if module is None:
         raise UnknownHarness(harness_id)
-    return cast(Adapter, importlib.import_module(f"adapters.{module}"))
+    return cast(Adapter[AdapterState], importlib.import_module(f"adapters.{module}"))
 
 
 def capabilities(harness_id: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, Capabilities, Command, ExitInfo, TurnRequest
 
 HARNESS_ID = "claude-code"
 
@@ -45,17 +45,13 @@ _SYNTHETIC_MODEL = "<synthetic>"
 
 
 @dataclass
-class State:
+class State(AdapterState):
     offered_session: str | None
-    session_id: str | None = None
-    model: str | None = None
-    resume_rejected: bool = False
     session_sent: bool = False
     api_error: str | None = None
     retry_delay_s: float | None = None
     commands: dict[str, str] = field(default_factory=dict)
     denied: set[str] = field(default_factory=set)
-    carry: dict[str, Any] = field(default_factory=dict)
 
 
 def new_state(request: TurnRequest) -> State:

@@ -18,7 +18,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, Capabilities, Command, ExitInfo, TurnRequest
 
 HARNESS_ID = "codex"
 
@@ -51,16 +51,12 @@ _TOTALS = ("input_tokens", "cached_input_tokens", "output_tokens")
 
 
 @dataclass
-class State:
+class State(AdapterState):
     offered_session: str | None
     prior: dict[str, Any]
-    session_id: str | None = None
-    model: str | None = None
-    resume_rejected: bool = False
     answer: str = ""
     last_error: str | None = None
     seen_items: set[str] = field(default_factory=set)
-    carry: dict[str, Any] = field(default_factory=dict)
 
 
 def new_state(request: TurnRequest) -> State:

@@ -18,7 +18,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, Capabilities, Command, ExitInfo, TurnRequest
 
 HARNESS_ID = "gemini"
 
@@ -67,14 +67,10 @@ _PREAMBLE = (
 
 
 @dataclass
-class State:
+class State(AdapterState):
     offered_session: str | None
-    session_id: str | None = None
-    model: str | None = None
-    resume_rejected: bool = False
     answer: list[str] = field(default_factory=list)
     last_error: str | None = None
-    carry: dict[str, Any] = field(default_factory=dict)
 
 
 def new_state(request: TurnRequest) -> State:

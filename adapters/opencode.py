@@ -20,7 +20,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, Capabilities, Command, ExitInfo, TurnRequest
 
 HARNESS_ID = "opencode"
 
@@ -65,19 +65,15 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
-class State:
+class State(AdapterState):
     offered_session: str | None
     priced: bool
-    session_id: str | None = None
-    model: str | None = None
-    resume_rejected: bool = False
     step_texts: list[str] = field(default_factory=list)
     last_reason: str | None = None
     rejected: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
-    carry: dict[str, Any] = field(default_factory=dict)
 
 
 def new_state(request: TurnRequest) -> State:

@@ -19,7 +19,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, Capabilities, Command, ExitInfo, TurnRequest
 
 HARNESS_ID = "pi"
 
@@ -57,12 +57,9 @@ _FAILED = frozenset({"error", "aborted"})
 
 
 @dataclass
-class State:
+class State(AdapterState):
     offered_session: str | None
     priced: bool
-    session_id: str | None = None
-    model: str | None = None
-    resume_rejected: bool = False
     announced: bool = False
     tool_calls: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     last_text: str = ""
@@ -70,7 +67,6 @@ class State:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
-    carry: dict[str, Any] = field(default_factory=dict)
 
 
 def new_state(request: TurnRequest) -> State:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from adapters.events import Event
 
@@ -100,8 +100,10 @@ class Capabilities:
         }
 
 
-class TurnState(Protocol):
-    """Per-turn mapping state; the worker reads these attributes after the turn.
+@dataclass(kw_only=True)
+class AdapterState:
+    """One turn's mapping state: what every adapter's ``State`` holds (each adds its own
+    fields) and what the worker reads after the turn.
 
     ``resume_rejected`` is set when the harness refused the offered session (stale or
     unknown id): the worker then retries fresh with the run's prior conversation replayed.
@@ -109,24 +111,28 @@ class TurnState(Protocol):
     ``TurnRequest.carry``.
     """
 
-    session_id: str | None
-    model: str | None
-    resume_rejected: bool
-    carry: dict[str, Any]
+    session_id: str | None = None
+    model: str | None = None
+    resume_rejected: bool = False
+    carry: dict[str, Any] = field(default_factory=dict)
 
 
-class Adapter(Protocol):
-    """The surface of one adapter module (``adapters/<module>.py``)."""
+StateT = TypeVar("StateT", bound=AdapterState)
+
+
+class Adapter(Protocol[StateT]):
+    """The surface of one adapter module (``adapters/<module>.py``), whose ``State`` is
+    ``StateT``: the state ``new_state`` makes is the one its mapper is given back."""
 
     HARNESS_ID: str
     CAPABILITIES: Capabilities
 
-    def new_state(self, request: TurnRequest) -> Any: ...
+    def new_state(self, request: TurnRequest) -> StateT: ...
 
     def build_command(self, request: TurnRequest) -> Command: ...
 
-    def map_message(self, message: dict[str, Any], state: Any) -> list[Event]: ...
+    def map_message(self, message: dict[str, Any], state: StateT) -> list[Event]: ...
 
-    def finish(self, state: Any, exit: ExitInfo) -> list[Event]: ...
+    def finish(self, state: StateT, exit: ExitInfo) -> list[Event]: ...
 
     def policy_warning(self, request: TurnRequest) -> str | None: ...

@@ -6,7 +6,7 @@ be continued, ``HARNESS_RESUME_SESSION`` are set in the environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from adapters import coerce
@@ -20,7 +20,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, Capabilities, Command, ExitInfo, TurnRequest
 
 HARNESS_ID = "stdio-json"
 
@@ -41,15 +41,11 @@ _ACTIVITY_KINDS = {"command", "file", "tool", "other"}
 
 
 @dataclass
-class State:
+class State(AdapterState):
     offered_session: str | None
-    session_id: str | None = None
-    model: str | None = None
-    resume_rejected: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
-    carry: dict[str, Any] = field(default_factory=dict)
 
 
 def new_state(request: TurnRequest) -> State:

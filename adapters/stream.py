@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from adapters.events import Event, SessionError, TurnStarted, session_error
-from adapters.protocol import Adapter, ExitInfo, TurnRequest
+from adapters.protocol import Adapter, AdapterState, ExitInfo, TurnRequest
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 _decode_json = json.JSONDecoder().decode  # json.loads without its per-call dispatch
@@ -126,9 +126,10 @@ class StreamCounters:
 
 @dataclass
 class StreamDriver:
-    """Runs one turn's output through an adapter under the shared stream rules."""
+    """Runs one turn's output through an adapter under the shared stream rules. ``state`` is
+    the adapter's own (an :class:`AdapterState`), read by the worker once the turn is over."""
 
-    adapter: Adapter
+    adapter: Adapter[Any]
     request: TurnRequest
     attempt: int = 1
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
@@ -137,7 +138,7 @@ class StreamDriver:
     last_mapper_error: str | None = None
 
     def __post_init__(self) -> None:
-        self.state: Any = self.adapter.new_state(self.request)
+        self.state: AdapterState = self.adapter.new_state(self.request)
         self._splitter = LineSplitter(self.max_line_bytes)
         self._started = False
 

@@ -18,7 +18,7 @@ from adapters.events import (
     TurnStarted,
     session_error,
 )
-from adapters.protocol import Capabilities, Command, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, Capabilities, Command, ExitInfo, TurnRequest
 from adapters.stream import STDERR_TAIL_CHARS, StreamDriver
 
 CAPS = Capabilities(
@@ -36,11 +36,7 @@ CAPS = Capabilities(
 
 
 @dataclass
-class FakeState:
-    session_id: str | None = None
-    model: str | None = None
-    resume_rejected: bool = False
-    carry: dict[str, Any] = field(default_factory=dict)
+class FakeState(AdapterState):
     seen: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -34,8 +34,9 @@ from helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import adapters
 from adapters.events import SessionError
-from adapters.protocol import ExitInfo
+from adapters.protocol import AdapterState, ExitInfo, TurnRequest
 
 HARNESSES = [
     test_claude_code.RECORDED,
@@ -169,3 +170,11 @@ def test_exit_without_anything_known_leaves_the_generic_exit_error(
 def test_every_harness_with_recordings_is_replayed_here() -> None:
     recorded = {path.name for path in FIXTURES.iterdir() if path.is_dir()}
     assert {harness.harness_id for harness in HARNESSES} == recorded
+
+
+@pytest.mark.parametrize("harness_id", adapters.HARNESS_IDS)
+def test_state_is_an_adapter_state_the_worker_can_read(harness_id: str) -> None:
+    adapter = adapters.get(harness_id)
+    state = adapter.new_state(TurnRequest(input="hi", resume_session="s-1", executable="x"))
+    assert isinstance(state, AdapterState)
+    assert (state.session_id, state.resume_rejected, state.carry) == (None, False, {})
