@@ -2,7 +2,7 @@
 
 Every metric is per worker process and starts at zero when it starts; Prometheus sums them
 over instances. Labels have small, closed value sets: harness ids, the contract's error
-reasons (plus ``internal-error``), event types, sandbox backends. The endpoint is started on
+reasons (``internal`` included), event types, sandbox backends. The endpoint is started on
 ``worker_ready`` (worker/tasks.py) and serves ``/metrics`` in the text format; Flower goes on
 serving Celery's task view beside it.
 
@@ -64,8 +64,8 @@ def turn_started(harness: str) -> float:
 
 
 def turn_finished(harness: str, outcome: str, started: float) -> None:
-    """Count a turn out. ``outcome`` is execute_turn's label: ``completed``,
-    ``failed:<reason>``, or another word (``internal-error``) counted as a failure."""
+    """Count a turn out. ``outcome`` is execute_turn's label for a turn it claimed:
+    ``completed`` or ``failed:<reason>``."""
     TURNS_IN_FLIGHT.labels(harness).dec()
     if outcome == "completed":
         TURNS_COMPLETED.labels(harness).inc()
