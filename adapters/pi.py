@@ -32,7 +32,9 @@ CAPABILITIES = Capabilities(
     usage_reporting=True,
     cost_reporting=True,
     model_selection=True,
-    model_reporting=True,
+    # 0.73.1 names, in every assistant message, the model it addressed (ours, from --model),
+    # never the one the API says answered: an echo of the request, not a report.
+    model_reporting=False,
     mcp_client=False,
 )
 

@@ -58,13 +58,11 @@ def build_command(request: TurnRequest) -> Command:
     env = {"HARNESS_TURN": str(request.turn)}
     if request.resume_session:
         env["HARNESS_RESUME_SESSION"] = request.resume_session
-    text = request.input
-    if request.system_prompt:
-        # No system-prompt channel in this protocol: it rides in the turn input.
-        text = f"{request.system_prompt}\n\n{text}"
+    # No system-prompt channel in this protocol (capability system_prompt is false): the
+    # worker puts a system prompt into the input before the request gets here.
     return Command(
         argv=(request.executable,),
-        stdin=text.encode("utf-8"),
+        stdin=request.input.encode("utf-8"),
         env=env,
         cwd=request.workspace,
     )

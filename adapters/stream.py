@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from adapters.events import Event, SessionError, TurnStarted, session_error
+from adapters.events import Event, Session, SessionError, TurnComplete, TurnStarted, session_error
 from adapters.protocol import Adapter, AdapterState, ExitInfo, TurnRequest
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -139,6 +139,10 @@ class StreamDriver:
 
     def __post_init__(self) -> None:
         self.state: AdapterState = self.adapter.new_state(self.request)
+        # CONTRACT.md: ``model`` is the model the harness reports it used. An adapter whose
+        # harness only echoes the model it was asked for (capability model_reporting false)
+        # names none, whatever its mapper found.
+        self._drop_model = not self.adapter.CAPABILITIES.model_reporting
         self._splitter = LineSplitter(self.max_line_bytes)
         self._started = False
 
@@ -229,6 +233,8 @@ class StreamDriver:
                 continue
             if event.type == "turn-started":
                 continue
+            if self._drop_model and isinstance(event, Session | TurnComplete) and event.model:
+                event = event.model_copy(update={"model": None})
             out.append(event)
             self.counters.events += 1
             if event.terminal:

@@ -3,10 +3,13 @@ and enforced again by the worker, which never trusts the message it was handed."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 
+import adapters
+from adapters.protocol import Capabilities, TurnRequest
 from config import Settings
 from worker.errors import InvalidInput
 from worker.spec import RunOptions
@@ -24,6 +27,9 @@ class Resolved:
     memory: str = "2g"
     cpus: float = 2.0
     pids: int = 512
+    warnings: tuple[str, ...] = ()
+    """What the harness cannot apply of the options (its capabilities say so): the run
+    record keeps these, and the run goes on."""
 
 
 _MEMORY = re.compile(r"^([0-9]+)([bkmg]?)$")
@@ -144,7 +150,69 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
             f"pids {options.pids} exceeds the operator's ceiling of {settings.max_pids} "
             "(HARNESS_MAX_PIDS)"
         )
-    return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids)
+    warnings = capability_warnings(options)
+    return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
+
+
+def capability_warnings(options: RunOptions) -> tuple[str, ...]:
+    """Refuse what the harness cannot do at all; name what it cannot apply as asked.
+
+    Driven by the adapter's capabilities (CONTRACT.md, "Capabilities"), so that a flag that
+    lies changes what producers are told: a session offered to a harness that cannot resume
+    is refused (``session_resume``); permission rules a harness cannot enforce are accepted
+    with a warning (``permission_policy``, DESIGN.md principle 5: the run records it, and the
+    container stays the boundary); a model a harness cannot be told is a warning
+    (``model_selection``). A system prompt without a channel is no warning: it rides in the
+    input (:func:`fit_request`, principle 6).
+    """
+    harness = options.harness
+    adapter = adapters.get(harness)
+    caps: Capabilities = adapter.CAPABILITIES
+    if options.resume_session and not caps.session_resume:
+        raise InvalidInput(
+            f"{harness} cannot resume a session (capability session_resume is false): "
+            "drop --resume-session"
+        )
+    warnings: list[str] = []
+    patterns = (*options.allow, *options.deny)
+    detail = adapter.policy_warning(
+        TurnRequest(input="", posture=options.posture, allow=options.allow, deny=options.deny)
+    )
+    if caps.permission_policy == "none" and (patterns or options.posture != "dangerous"):
+        warnings.append(
+            detail
+            or f"{harness} enforces no permission policy (permission_policy none): the "
+            f"posture {options.posture!r} and any allow/deny pattern are not applied; only "
+            "the sandbox confines it"
+        )
+    elif caps.permission_policy == "posture-only" and patterns:
+        warnings.append(
+            detail
+            or f"{harness} enforces the posture, and permission rules only as far as its own "
+            "switches go (permission_policy posture-only): these patterns apply to whole "
+            f"tools at most, or not at all: {', '.join(patterns)}"
+        )
+    elif detail:
+        warnings.append(detail)
+    if options.model and not caps.model_selection:
+        warnings.append(
+            f"{harness} cannot be told a model (model_selection is false): "
+            f"--model {options.model} is not passed to it"
+        )
+    return tuple(warnings)
+
+
+def fit_request(request: TurnRequest, caps: Capabilities) -> TurnRequest:
+    """The turn request as the harness can take it: what it has no channel for is moved or
+    dropped here, once, rather than in each adapter. A system prompt without a system-prompt
+    channel rides at the head of the input (DESIGN.md principle 6); a model it cannot be
+    told is not handed to its adapter (the run's warning says so)."""
+    changes: dict[str, object] = {}
+    if request.system_prompt and not caps.system_prompt:
+        changes.update(input=f"{request.system_prompt}\n\n{request.input}", system_prompt=None)
+    if request.model and not caps.model_selection:
+        changes["model"] = None
+    return dataclasses.replace(request, **changes) if changes else request  # type: ignore[arg-type]
 
 
 def check_input(text: str, settings: Settings) -> None:

@@ -32,7 +32,7 @@ from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxE
 from worker import attempt, logs, metrics
 from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
-from worker.policy import check_input, resolve, resolve_secrets
+from worker.policy import check_input, fit_request, resolve, resolve_secrets
 from worker.publisher import Masker, RedisStreamPublisher, last_seq
 from worker.records import RecordChanges, RunRecord, RunStatus
 from worker.spec import RunOptions, TurnPayload
@@ -170,11 +170,14 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         extra={"backend": placement.backend, "container": placement.container_id},
     )
 
-    request = _request(options, payload, placement, record, resolved.executable, secrets)
-    warning = adapter.policy_warning(request)
-    if warning and turn == 1:
-        wait(lambda: deps.store.update(run_id, warnings=[warning]))
-        log.warning("turn.policy_not_enforced", extra={"run_id": run_id, "warning": warning})
+    request = fit_request(
+        _request(options, payload, placement, record, resolved.executable, secrets),
+        adapter.CAPABILITIES,
+    )
+    if resolved.warnings and turn == 1:
+        warnings = list(resolved.warnings)
+        wait(lambda: deps.store.update(run_id, warnings=warnings))
+        log.warning("turn.policy_not_enforced", extra={"run_id": run_id, "warnings": warnings})
 
     deadline = time.monotonic() + resolved.timeout_s
     limits = attempt.Limits(
@@ -200,7 +203,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         fresh = dataclasses.replace(
             request,
             resume_session=None,
-            input=f"{replayed}{payload.input}" if replayed else payload.input,
+            input=f"{replayed}{request.input}" if replayed else request.input,
         )
         if replayed:
             out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])

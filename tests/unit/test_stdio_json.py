@@ -23,6 +23,7 @@ from adapters.events import (
 )
 from adapters.protocol import ExitInfo, TurnRequest
 from adapters.stream import StreamDriver
+from worker.policy import fit_request
 
 DEMO = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
 
@@ -198,9 +199,10 @@ def test_build_command_refuses_missing_executable() -> None:
         stdio_json.build_command(_request(executable=None))
 
 
-def test_build_command_sends_system_prompt_in_input() -> None:
-    command = stdio_json.build_command(_request(input="Q", system_prompt="Be brief."))
-    assert command.stdin == b"Be brief.\n\nQ"
+def test_system_prompt_rides_in_the_input_put_there_by_the_worker() -> None:
+    # No system-prompt channel: worker.policy.fit_request moves it into the input, once.
+    request = fit_request(_request(input="Q", system_prompt="Be brief."), stdio_json.CAPABILITIES)
+    assert stdio_json.build_command(request).stdin == b"Be brief.\n\nQ"
 
 
 def test_build_command_handles_large_input_on_stdin() -> None:

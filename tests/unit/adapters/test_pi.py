@@ -39,19 +39,21 @@ def argv_value(argv: tuple[str, ...], flag: str) -> str:
 # --- recorded streams (what every harness must do is in test_every_adapter.py) -----------
 
 
-def test_text_turn_reports_session_with_model_then_completes_at_agent_end() -> None:
+def test_text_turn_reports_session_without_model_then_completes_at_agent_end() -> None:
     events, driver = run("ref-text")
     assert event_types(events) == ONE_REPLY_TURN
     session, terminal = events[1], events[-1]
+    # pi names the model it was told to use (model_reporting is false): no model is reported.
+    assert driver.state.model == "fake-model"
     assert (session.session_id, session.resumed, session.model) == (
         "01a22a05-396a-76da-9c1e-9cd93caaf1ee",
         False,
-        "fake-model",
+        None,
     )
     assert isinstance(terminal, TurnComplete)
     assert (terminal.text, terminal.model, terminal.input_tokens, terminal.output_tokens) == (
         "Hello from the fake model.",
-        "fake-model",
+        None,
         12,
         7,
     )
@@ -107,7 +109,7 @@ def test_api_error_at_exit_zero_is_a_session_error_not_a_completion() -> None:
     error = events[-1]
     assert (error.reason, error.retryable, error.exit_code) == ("auth", False, 0)
     assert error.error == "pi: 401 acceptance: invalid api key"
-    assert events[1].model == "fake-model"
+    assert events[1].model is None  # pi's echo of the requested model is not a report
 
 
 @pytest.mark.parametrize(
@@ -315,9 +317,3 @@ def test_policy_warning_names_patterns_pi_cannot_apply_exactly() -> None:
         assert pattern in warning
     assert "Bash," not in warning
     assert adapter.policy_warning(TurnRequest(input="q", allow=("Bash",), deny=("Write",))) is None
-
-
-def test_capabilities_state_what_the_adapter_implements() -> None:
-    caps = adapter.CAPABILITIES.as_dict()
-    assert caps["permission_policy"] == "posture-only"
-    assert caps["model_reporting"] and caps["cost_reporting"] and caps["session_resume"]
