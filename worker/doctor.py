@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.text import Text
@@ -143,8 +143,11 @@ def _workers(settings: Settings) -> Check:
 
     keys = Keys(settings.key_prefix)
     try:
-        client: SyncRedis = redis.Redis.from_url(
-            settings.redis_url, socket_connect_timeout=3, decode_responses=True
+        client = cast(
+            SyncRedis,
+            redis.Redis.from_url(
+                settings.redis_url, socket_connect_timeout=3, decode_responses=True
+            ),
         )
         queues = sorted(client.hkeys(keys.hosts()))
         live = [q for q in queues if hosts.alive(client, keys, q)]

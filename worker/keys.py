@@ -118,9 +118,9 @@ class RedisClient(Protocol):
     def close(self) -> None: ...
 
 
-#: The client at seams whose construction is not cast to :class:`RedisClient` yet
-#: (``worker/redis_client.py``, ``worker/doctor.py``): Any until they are.
-SyncRedis: TypeAlias = Any
+#: The synchronous client with ``decode_responses=True``, as our code uses it (the protocol
+#: above; ``worker/redis_client.py`` and ``worker/doctor.py`` cast redis-py's client to it).
+SyncRedis: TypeAlias = RedisClient
 
 
 @dataclass(frozen=True)
