@@ -7,8 +7,8 @@
 - ``live_placement()``: a fresh local-sandbox run (workspace + HOME inside it), torn down
   after the test. Reuse one placement across turns for resume tests.
 - ``run_live_turn(harness_id, request, *, placement=None, secrets=None, timeout=120)``: one
-  turn through the adapter, the local sandbox and the stream driver; returns a
-  :class:`LiveTurn`.
+  turn through the adapter, the local sandbox and the worker's own read loop
+  (``worker.attempt.drive``, the stream driver under it); returns a :class:`LiveTurn`.
 - ``api_error`` (parametrised): each of the fake API's error scenarios in turn, as an
   :class:`ApiError` that says how a turn meeting it must end.
 
@@ -37,14 +37,20 @@ if str(REPO) not in sys.path:  # `tests.fakemodel` is imported as a package from
 # The shared scenarios assert too: a failing check shows the values it compared.
 pytest.register_assert_rewrite("tests.conformance.shared_scenarios")
 
+import fakeredis  # noqa: E402
+
 import adapters  # noqa: E402
-from adapters.events import Event, SessionError, TurnComplete, session_error  # noqa: E402
-from adapters.protocol import Command, ExitInfo, TurnRequest  # noqa: E402
-from adapters.stream import STDERR_TAIL_CHARS, StreamDriver  # noqa: E402
-from sandbox.base import ExecSpec, Placement, RunSpec  # noqa: E402
+from adapters.events import Event, SessionError, TurnComplete  # noqa: E402
+from adapters.protocol import Command, TurnRequest  # noqa: E402
+from adapters.stream import StreamDriver  # noqa: E402
+from sandbox.base import Chunk, ExecSpec, Placement, Process, RunSpec  # noqa: E402
 from sandbox.local import LocalSandbox  # noqa: E402
 from tests.fakemodel import RETRY_AFTER_S, FakeModelServer, RecordedRequest  # noqa: E402
 from tests.fakemodel.clis import FAKE_KEY  # noqa: E402
+from worker import attempt  # noqa: E402
+from worker.keys import Keys  # noqa: E402
+from worker.policy import fit_request  # noqa: E402
+from worker.publisher import RedisStreamPublisher  # noqa: E402
 
 #: Granted secrets a turn gets when the test passes none: the variables each CLI (or the
 #: config its adapter writes) reads its API key from, all set to a fake key.
@@ -180,7 +186,8 @@ class LiveTurn:
 
     @property
     def terminal(self) -> Event | None:
-        return self.driver.terminal
+        """The terminal event as the worker publishes it (``exit_code`` filled in)."""
+        return self.events[-1] if self.events and self.events[-1].terminal else None
 
     @property
     def complete(self) -> TurnComplete:
@@ -245,6 +252,38 @@ def _resolve(argv: tuple[str, ...], bin_dir: Callable[[], Path]) -> tuple[str, .
 RunLiveTurn = Callable[..., LiveTurn]
 
 
+class _RecordingPublishing(attempt.Publishing):
+    """The worker's publishing (to an in-memory Redis), keeping every event sent."""
+
+    def __init__(self, run_id: str) -> None:
+        redis = fakeredis.FakeRedis(decode_responses=True)
+        super().__init__(
+            RedisStreamPublisher(redis, Keys("conformance"), run_id, 1, maxlen=100_000)
+        )
+        self.events: list[Event] = []
+
+    def send(self, events: list[Event]) -> None:
+        self.events += events
+        super().send(events)
+
+
+class _Tee:
+    """A sandbox process whose stdout is also kept, for a failing test to show."""
+
+    def __init__(self, process: Process) -> None:
+        self._process = process
+        self.stdout = bytearray()
+
+    def read(self, timeout: float | None) -> Chunk | None:
+        chunk = self._process.read(timeout)
+        if chunk is not None and chunk.stream == "stdout":
+            self.stdout += chunk.data
+        return chunk
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._process, name)
+
+
 @pytest.fixture
 def run_live_turn(
     request: pytest.FixtureRequest,
@@ -264,10 +303,12 @@ def run_live_turn(
     defaults to the fake server's (with ``/v1`` for OpenAI-style APIs), and the names of
     ``secrets`` (default: :data:`DEFAULT_SECRETS` for the harness) are added to
     ``granted_env``. A bare executable name in the command's argv is resolved to the
-    installed CLI (fixture ``clis``, installed on first need). The process runs with stdin as
-    the command says, is read until its streams close or ``timeout`` passes (then the turn
-    ends with a ``timeout`` session-error), gets :data:`EXIT_GRACE_S` to exit after its
-    terminal message, and is killed on every path.
+    installed CLI (fixture ``clis``, installed on first need). The request is fitted to the
+    adapter's capabilities as the worker fits it (``worker.policy.fit_request``). The process
+    runs with stdin as the command says and is read by ``worker.attempt.drive``, as a
+    worker reads it: until its terminal message (then :data:`EXIT_GRACE_S` to exit) or its
+    streams close, or until ``timeout`` passes (then the turn ends with a ``timeout``
+    session-error); it is killed on every path.
     """
 
     def run(
@@ -291,6 +332,7 @@ def run_live_turn(
             base_url=turn_request.base_url or base_url_for(harness_id, fake_model),
             granted_env=turn_request.granted_env | frozenset(granted),
         )
+        turn_request = fit_request(turn_request, adapter.CAPABILITIES)
         command = adapter.build_command(turn_request)
         argv = _resolve(command.argv, lambda: request.getfixturevalue("clis"))
         spec = ExecSpec(
@@ -300,63 +342,37 @@ def run_live_turn(
             files=dict(command.files),
             cwd=command.cwd,
         )
+        # The worker's own read loop (worker.attempt.drive, as worker.turn runs it): the
+        # stream driver fed as output arrives, events published (to an in-memory Redis),
+        # the turn timed out and the process killed by the code that does it in production.
         driver = StreamDriver(adapter, turn_request)
-        events: list[Event] = list(driver.start())
-        stdout, stderr = bytearray(), bytearray()
+        out = _RecordingPublishing(placement.run_id)
         seen = len(fake_model.requests)
         started = time.monotonic()
-        deadline = started + timeout
-        grace_until: float | None = None
-        timed_out = grace_over = False
-        exit_code: int | None = None
-        process = live_sandbox.start(placement, spec, granted)
-        try:
-            while not process.eof:
-                now = time.monotonic()
-                if now >= deadline:
-                    timed_out = True
-                    break
-                if driver.done and grace_until is None:
-                    grace_until = now + EXIT_GRACE_S
-                if grace_until is not None and now >= grace_until:
-                    grace_over = True
-                    break
-                limit = min(deadline, grace_until or deadline) - now
-                chunk = process.read(min(limit, 0.5))
-                if chunk is None:
-                    continue
-                if chunk.stream == "stdout":
-                    stdout += chunk.data
-                    events += driver.feed(chunk.data)
-                else:
-                    stderr += chunk.data
-            if not timed_out:
-                wait_s = 0.0 if grace_over else min(EXIT_GRACE_S, deadline - time.monotonic())
-                exit_code = process.wait(max(0.0, wait_s))
-        finally:
-            process.kill(grace=1.0)
-        stderr_text = stderr.decode("utf-8", "replace")
-        if timed_out:
-            events += driver.fail(
-                session_error(
-                    f"{harness_id} turn timed out after {timeout:g}s",
-                    "timeout",
-                    stderr_tail=stderr_text[-STDERR_TAIL_CHARS:],
-                )
-            )
-        else:
-            events += driver.finish(ExitInfo(exit_code, stderr_text[-STDERR_TAIL_CHARS:]))
+        limits = attempt.Limits(
+            deadline=started + timeout,
+            idle_s=timeout,
+            exit_grace_s=EXIT_GRACE_S,
+            kill_grace_s=1.0,
+        )
+        process = _Tee(live_sandbox.start(placement, spec, granted))
+        outcome = attempt.drive(process, driver, out, limits, lambda: None)
+        terminal = outcome.terminal
+        timed_out = isinstance(terminal, SessionError) and terminal.error in (
+            "the turn timed out",
+            f"the harness produced no output for {timeout:g}s",
+        )
         return LiveTurn(
             harness=harness_id,
             request=turn_request,
             command=command,
             argv=argv,
             placement=placement,
-            events=events,
+            events=[*out.events, terminal],
             driver=driver,
-            exit_code=exit_code,
-            stdout=bytes(stdout),
-            stderr=stderr_text,
+            exit_code=outcome.exit_code,
+            stdout=bytes(process.stdout),
+            stderr=outcome.stderr_tail,
             requests=fake_model.requests[seen:],
             timed_out=timed_out,
             duration_s=time.monotonic() - started,

@@ -23,23 +23,23 @@ TOOL = "[scenario:tool] run it"
 ask = LIVE.ask
 
 
-def test_text_turn_reports_answer_usage_and_the_model_pi_names(
-    run_live_turn: RunLiveTurn,
-) -> None:
+def test_text_turn_reports_answer_and_usage_but_no_model(run_live_turn: RunLiveTurn) -> None:
     turn = run_live_turn(HARNESS, ask("hi"))
     done, session, usage = answered_text_turn(turn)
-    assert session.model == done.model == turn.state.model == MODEL
+    assert session.model is None and done.model is None  # model_reporting is false
     assert usage.cost_usd is None and done.cost_usd is None  # our model entry has no price
 
 
-def test_reported_model_is_what_pi_says_not_what_the_server_claims(
+def test_the_model_pi_names_is_the_one_requested_so_none_is_reported(
     run_live_turn: RunLiveTurn,
 ) -> None:
-    # pi 0.73.1 names the model it addressed in every assistant message; it ignores the
-    # model field of the API's reply, so that is what the turn reports.
+    # pi 0.73.1 names the model it addressed in every assistant message and ignores the
+    # model field of the API's reply: an echo of our request, which is why its
+    # model_reporting is false and the turn reports no model (CONTRACT.md: null).
     turn = run_live_turn(HARNESS, ask("[answer-model:other-model-9] hi"))
     assert {r.answered_model for r in turn.model_requests()} == {"other-model-9"}
-    assert turn.complete.model == MODEL
+    assert turn.state.model == MODEL
+    assert turn.complete.model is None and turn.of_type("session")[0].model is None  # type: ignore[union-attr]
 
 
 def test_requested_model_and_base_url_reach_the_server(
