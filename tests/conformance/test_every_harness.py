@@ -17,6 +17,7 @@ from tests.conformance.shared_scenarios import (
     system_prompt_call,
 )
 from tests.fakemodel.clis import HARNESSES, STALE_SESSION
+from tests.helpers import assert_one_terminal
 
 CLAUDE_CODE = test_claude_code.LIVE
 CODEX = test_codex.LIVE
@@ -84,8 +85,7 @@ def test_dropped_connection_ends_the_turn_with_one_terminal(
     run_live_turn: RunLiveTurn, harness: LiveHarness
 ) -> None:
     turn = run_live_turn(harness.harness_id, harness.ask("[scenario:truncated] hi"), timeout=150)
-    assert turn.terminal is not None and turn.events[-1] is turn.terminal
-    assert sum(1 for e in turn.events if e.terminal) == 1
+    assert_one_terminal(turn.events)
 
 
 @pytest.mark.parametrize("harness", EVERY_HARNESS)

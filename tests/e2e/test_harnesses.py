@@ -21,7 +21,6 @@ import tests.fakemodel.server as fake_server
 from tests.e2e.conftest import (
     CONTRACT_TYPES,
     HARNESSES,
-    TERMINALS,
     Deployment,
     Followed,
     Harness,
@@ -31,6 +30,7 @@ from tests.e2e.conftest import (
 )
 from tests.fakemodel import TEXT_ANSWER, USAGE, RecordedRequest
 from tests.fakemodel.clis import STALE_SESSION
+from tests.helpers import assert_one_terminal
 
 pytestmark = [
     pytest.mark.conformance,
@@ -57,9 +57,7 @@ def check_turn(e2e: Deployment, followed: Followed, turn: int) -> list[dict[str,
     assert followed.turn == turn, followed.describe()
     types = [e["type"] for e in events]
     assert set(types) <= CONTRACT_TYPES, followed.describe()
-    assert [e["id"] for e in events] == [f"{turn}-{seq}" for seq in range(len(events))]
-    assert types[0] == "turn-started" and types.count("turn-started") == 1, followed.describe()
-    assert types[-1] in TERMINALS and sum(t in TERMINALS for t in types) == 1, followed.describe()
+    assert_one_terminal(events, turn)
     stream = [e.as_dict() for e in e2e.client.events(followed.run_id) if e.turn == turn]
     assert stream == events  # --follow printed the stream, all of it, in order
     expected_exit = 0 if types[-1] == "turn-complete" else 1

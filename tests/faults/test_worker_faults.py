@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.faults.conftest import PrivateRedis, processes_in
+from tests.helpers import assert_one_terminal, wait_for
 from tests.integration.conftest import DEMO, Env, WorkerProcess, start_worker
 from worker.client import HarnessClient, StreamEvent
 
@@ -23,14 +24,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
 
 def turn_events(client: HarnessClient, run_id: str, turn: int) -> list[StreamEvent]:
     return [e for e in client.events(run_id) if e.turn == turn]
-
-
-def assert_one_terminal(events: list[StreamEvent]) -> StreamEvent:
-    assert [e.seq for e in events] == list(range(len(events))), [e.id for e in events]
-    assert events[0].type == "turn-started"
-    assert [e.terminal for e in events].count(True) == 1
-    assert events[-1].terminal
-    return events[-1]
 
 
 def wait_for_text(client: HarnessClient, run_id: str, timeout: float = 30) -> None:
@@ -186,9 +179,21 @@ def test_redelivered_turn_never_runs_twice(env: Env, workers: list[WorkerProcess
     workers.append(start_worker(env, HARNESS_HOST_QUEUE=f"{env.prefix}.host.second"))
     client = env.client()
     run_id = client.start_run("stdio-json", "@stream 6 1", executable=DEMO)
+    wait_for_text(client, run_id)
+    # kombu sweeps for overdue unacknowledged messages only every ~100 s (10 s timer, every
+    # 10th call), longer than this turn: run its sweep now, as a worker would, so that the
+    # copy is really handed out again while the turn runs.
+    time.sleep(2.2)  # deliberately: the visibility timeout (2 s) lapses
+    with client.app.connection_for_write() as conn:
+        conn.default_channel.qos.restore_visible(num=100, interval=1)
     terminal = client.wait(run_id, 1, timeout=60)
-    time.sleep(3)
     assert terminal.type == "turn-complete"
+    # The copy the broker redelivered reached a worker, which saw the turn taken and dropped it.
+    wait_for(
+        lambda: any("turn.duplicate_" in w.logs() for w in workers),
+        timeout=15,
+        what="the redelivered copy taken and dropped",
+    )
     events = turn_events(client, run_id, 1)
     assert_one_terminal(events)
     assert [e.type for e in events].count("session") == 1  # the harness ran once

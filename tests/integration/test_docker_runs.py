@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import docker
 import pytest
 
+from tests.helpers import assert_one_terminal
 from tests.integration.conftest import Env, WorkerProcess, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
 
@@ -243,8 +244,7 @@ def test_daemon_restart_mid_turn_ends_the_turn_once(
     terminal = client.wait(run_id, 1, timeout=60)
     assert terminal.type == "session-error"
     assert terminal.data["reason"] in ("sandbox", "exit"), terminal.data
-    events = [e for e in client.events(run_id) if e.turn == 1]
-    assert [e.terminal for e in events].count(True) == 1
+    assert_one_terminal([e for e in client.events(run_id) if e.turn == 1], turn=1)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([f"{repo}/scripts/second-dockerd"], check=True, capture_output=True, timeout=120)
     client.end(run_id)

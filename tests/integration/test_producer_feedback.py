@@ -38,10 +38,13 @@ class Command:
     began: float = field(default_factory=time.monotonic)
     out: list[tuple[float, str]] = field(default_factory=list)
     err: list[tuple[float, str]] = field(default_factory=list)
+    readers: list[threading.Thread] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=self._read, args=(stream, lines), daemon=True).start()
+            reader = threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+            reader.start()
+            self.readers.append(reader)
 
     def _read(self, stream: Any, lines: list[tuple[float, str]]) -> None:
         for line in stream:
@@ -49,7 +52,9 @@ class Command:
 
     def wait(self, timeout: float) -> int:
         code = self.proc.wait(timeout)
-        time.sleep(0.2)  # the readers drain the pipes
+        for reader in self.readers:  # each ends at its pipe's end, once it has read it all
+            reader.join(10)
+            assert not reader.is_alive(), "a pipe of the exited command stayed open"
         return code
 
     def first(self, lines: list[tuple[float, str]], text: str, within: float) -> float:
@@ -112,7 +117,7 @@ def test_follow_json_says_it_waits_as_a_notice_line(env: IsolatedEnv) -> None:
 def test_follow_goes_on_when_a_worker_comes(env: IsolatedEnv) -> None:
     command = harness(env, *RUN, "--executable", demo_executable(), "--wait", "120")
     command.first(command.err, "harness: waiting for a worker on", 10)
-    time.sleep(2)
+    time.sleep(2)  # deliberately: a follower with no worker in sight keeps waiting meanwhile
     worker: WorkerProcess = start_worker(env)
     try:
         assert command.wait(90) == 0, command.err

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.helpers import assert_one_terminal, wait_for
 from tests.integration.conftest import DEMO, Env, WorkerProcess, start_worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
@@ -51,7 +52,7 @@ def test_a_turn_for_a_host_that_is_away_waits_for_a_worker_there(
     worker.stop()
     time.sleep(2.5)  # the host's heartbeat lapses: it is away
     turn = client.submit_turn(run_id, "second")
-    time.sleep(3)
+    time.sleep(3)  # deliberately: time passes with no worker there, and the turn only waits
     record = client.status(run_id)
     assert record["status"] == "running"  # waiting, not failed
     assert [e for e in client.events(run_id) if e.turn == turn] == []
@@ -142,12 +143,20 @@ def test_turn_no_worker_took_is_sent_again_and_runs_once(
     run_id = client.start_run("stdio-json", "hello again", executable=DEMO)  # no worker yet
     if message_lost:
         assert env.redis().delete(f"{env.prefix}.stdio-json") == 1  # the broker loses it
-    time.sleep(1.2)
-    assert f"sent turn {run_id}/1 again (no worker had taken it)" in _reap(env)
-    workers.append(start_worker(env))
+    resent = f"sent turn {run_id}/1 again (no worker had taken it)"
+    # HARNESS_RESEND_AFTER_S is 1: the reaper re-sends only a turn queued longer than that.
+    wait_for(lambda: resent in _reap(env), timeout=10, interval=0.3, what=resent)
+    queue = f"{env.prefix}.stdio-json"
+    assert env.redis().llen(queue) == (1 if message_lost else 2)  # the copies really exist
+    worker = start_worker(env)
+    workers.append(worker)
     terminal = client.wait(run_id, 1, timeout=30)
     assert terminal.type == "turn-complete"
-    time.sleep(1)  # a second copy, when there is one, is taken and dropped meanwhile
+    wait_for(lambda: env.redis().llen(queue) == 0, timeout=10, what="every copy taken")
+    if not message_lost:  # the second copy was delivered, seen as this turn's, and dropped
+        wait_for(lambda: "turn.duplicate_" in worker.logs(), timeout=10, what="duplicate seen")
+    else:
+        assert "turn.duplicate_" not in worker.logs()
     events = [e for e in client.events(run_id) if e.turn == 1]
     assert [e.type for e in events].count("session") == 1  # the harness ran once
-    assert [e.terminal for e in events].count(True) == 1
+    assert assert_one_terminal(events, turn=1).id == terminal.id

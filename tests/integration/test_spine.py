@@ -5,10 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
 from adapters.events import EVENT_TYPES
+from tests.helpers import assert_one_terminal
 from tests.integration.conftest import DEMO, Env, WorkerProcess
 from worker.client import HarnessClient, StreamEvent
 from worker.errors import InvalidInput, RunBusy, RunNotFound
@@ -30,9 +32,7 @@ def assert_well_formed(events: list[StreamEvent]) -> None:
     assert events, "no events"
     assert [e.seq for e in events] == list(range(len(events)))
     assert all(e.type in EVENT_TYPES for e in events)
-    assert events[0].type == "turn-started"
-    assert [e.terminal for e in events].count(True) == 1
-    assert events[-1].terminal
+    assert_one_terminal(events)
 
 
 def test_turn_flows_from_producer_to_stream(shared_env: Env, shared_worker: WorkerProcess) -> None:
@@ -244,27 +244,59 @@ def test_cli_run_follow_turn_status_and_exit_codes(
     assert cli(shared_env, "cancel", run_id).stdout.decode().strip() == "nothing in flight"
 
 
-def test_events_follow_from_a_second_process(shared_env: Env, shared_worker: WorkerProcess) -> None:
+def test_events_follow_streams_a_turn_live_from_a_second_process(
+    shared_env: Env, shared_worker: WorkerProcess
+) -> None:
+    """The follower is running before the turn is sent, and prints the turn's first text
+    while the harness is still sleeping before its last: read live, not replayed at the end."""
+    import json
     import os
+    import queue
+    import threading
 
     client = shared_env.client()
-    run_id = client.start_run("stdio-json", "@stream 5 0.2", executable=DEMO)
+    run_id = client.start_run("stdio-json", "hello", executable=DEMO)
+    client.wait(run_id, 1, timeout=30)
     follower = subprocess.Popen(
         [sys.executable, "-m", "worker.cli", "events", run_id, "--follow", "--json"],
         stdout=subprocess.PIPE,
         env={**os.environ, **shared_env.vars},
     )
+    lines: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
+
+    def read() -> None:
+        assert follower.stdout is not None
+        for line in follower.stdout:
+            lines.put((time.time(), json.loads(line)))
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[tuple[float, dict[str, Any]]] = []
+
+    def next_line(what: str) -> dict[str, Any]:
+        try:
+            seen.append(lines.get(timeout=30))
+        except queue.Empty:
+            raise AssertionError(f"the follower printed no {what}: {seen}") from None
+        return seen[-1][1]
+
     try:
-        client.wait(run_id, 1, timeout=30)
-        time.sleep(1.5)
+        # Following already: turn 1 is printed, up to its terminal, before turn 2 exists.
+        while next_line("turn 1")["type"] != "turn-complete":
+            pass
+        turn = client.submit_turn(run_id, "@text first\n@sleep 1.5\n@text last")
+        while next_line(f"turn {turn}")["type"] != "turn-complete":
+            pass
     finally:
         follower.terminate()
-    out, _ = follower.communicate(timeout=10)
-    import json
-
-    types = [json.loads(line)["type"] for line in out.decode().splitlines()]
-    assert types[0] == "turn-started" and types[-1] == "turn-complete"
-    assert types.count("assistant-text") == 5
+        follower.wait(10)
+    texts = {
+        e["data"]["text"]: (read_at, e) for read_at, e in seen if e["type"] == "assistant-text"
+    }
+    first_read_at, _ = texts["first"]
+    _, last = texts["last"]
+    assert first_read_at < last["ts"], "'first' was printed only after 'last' was published"
+    ids = [e["id"] for _, e in seen if e["id"].startswith(f"{turn}-")]
+    assert ids == [f"{turn}-{seq}" for seq in range(len(ids))]
 
 
 def test_end_during_a_turn_cancels_it_then_tears_down(

@@ -24,8 +24,6 @@ from tests.integration.conftest import Env, WorkerProcess, make_env, start_worke
 from tests.integration.docker_fixtures import demo_image, docker_daemon  # noqa: F401 -- fixtures
 from worker.client import HarnessClient, StreamEvent
 
-TERMINALS = ("turn-complete", "session-error")
-
 
 def start_scoped_worker(
     env: Env, *, loglevel: str = "info", extra_env: dict[str, str] | None = None
@@ -203,17 +201,6 @@ def audit(docker_env: Env) -> Iterator[ContainerAudit]:
 
 def turn_events(client: HarnessClient, run_id: str, turn: int) -> list[StreamEvent]:
     return [e for e in client.events(run_id) if e.turn == turn]
-
-
-def assert_one_terminal(events: list[StreamEvent]) -> StreamEvent:
-    """turn-started first, ids contiguous, exactly one terminal and it is last; returns it."""
-    assert events, "no events"
-    assert events[0].type == "turn-started"
-    assert [e.seq for e in events] == list(range(len(events)))
-    terminals = [e for e in events if e.type in TERMINALS]
-    assert len(terminals) == 1, [e.type for e in events]
-    assert events[-1] is terminals[0]
-    return terminals[0]
 
 
 def texts(events: list[StreamEvent]) -> str:

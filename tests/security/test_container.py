@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import assert_one_terminal
 from tests.integration.conftest import Env, WorkerProcess, make_env
 from tests.security.conftest import (
     ContainerAudit,
-    assert_one_terminal,
     docker_vars,
     hardening_problems,
     py,

@@ -20,8 +20,9 @@ import pytest
 from pydantic import ValidationError
 
 from config import Settings, load_settings
+from tests.helpers import assert_one_terminal
 from tests.integration.conftest import Env, WorkerProcess, make_env
-from tests.security.conftest import assert_one_terminal, docker_vars, start_scoped_worker
+from tests.security.conftest import docker_vars, start_scoped_worker
 from worker.client import HarnessClient
 from worker.errors import InvalidInput
 from worker.policy import memory_bytes, resolve

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import assert_one_terminal
 from tests.integration.conftest import Env
 from tests.security.conftest import (
     ContainerAudit,
-    assert_one_terminal,
     dump_redis,
     find_leaks,
     sh,

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers import assert_one_terminal
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env
-from tests.security.conftest import assert_one_terminal, start_scoped_worker, turn_events
+from tests.security.conftest import start_scoped_worker, turn_events
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 

@@ -316,7 +316,7 @@ def test_events_follow_rides_out_a_redis_restart(
         assert ids == ["1-0", "1-1"]
         private.stop()
         assert "Redis is unreachable; retrying…" in proc.stderr.readline()
-        time.sleep(1.5)
+        time.sleep(1.5)  # deliberately: the follower keeps retrying while Redis is away
         private.start()
         assert "Redis is back; resuming after 1-1" in proc.stderr.readline()
         _add(r, prefix, RUN_ID, "1-2", "assistant-text", text="after")

@@ -25,6 +25,7 @@ from tests.fakemodel import (
     USAGE,
     FakeModelServer,
 )
+from tests.helpers import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -523,11 +524,12 @@ def test_module_runs_as_a_server_process(tmp_path: Path) -> None:
         )
         raw = urllib.request.urlopen(req, timeout=10).read()
         assert b'"name":"bash"' in raw.replace(b" ", b"")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not log.exists():
-            time.sleep(0.1)
-        time.sleep(0.3)
-        entry = json.loads(log.read_text().splitlines()[0])
+        logged = wait_for(
+            lambda: log.exists() and log.read_text().endswith("\n") and log.read_text(),
+            timeout=5,
+            what="the request in the server's log",
+        )
+        entry = json.loads(logged.splitlines()[0])
         assert entry["path"] == "/v1/chat/completions" and entry["scenario"] == "tool"
     finally:
         proc.terminate()

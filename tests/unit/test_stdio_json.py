@@ -23,6 +23,7 @@ from adapters.events import (
 )
 from adapters.protocol import ExitInfo, TurnRequest
 from adapters.stream import StreamDriver
+from tests.helpers import assert_one_terminal
 from worker.policy import fit_request
 
 DEMO = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
@@ -247,10 +248,7 @@ def _demo(
     for start in range(0, len(out), 4096):  # chunks that cut lines anywhere
         events.extend(driver.feed(out[start : start + 4096]))
     events.extend(driver.finish(ExitInfo(proc.returncode, proc.stderr.decode())))
-    types = [e.type for e in events]
-    assert types[0] == "turn-started"
-    assert types.count("turn-started") == 1
-    assert sum(e.terminal for e in events) == 1 and events[-1].terminal
+    assert_one_terminal(events)
     return events, driver
 
 
