@@ -84,7 +84,8 @@ HARNESSES: dict[str, Harness] = {
         Harness("codex", "codex", "gpt-5.5", "OPENAI_API_KEY", "/v1", None),
         Harness("gemini", "gemini", "gemini-2.5-flash", "GEMINI_API_KEY", "", "gemini-2.5-flash"),
         Harness("opencode", "opencode", "fake-model", "OPENAI_API_KEY", "/v1", None),
-        Harness("pi", "pi", "fake-model", "OPENAI_API_KEY", "/v1", "fake-model"),
+        # pi names the model it was told to use, not the one that answered: no model.
+        Harness("pi", "pi", "fake-model", "OPENAI_API_KEY", "/v1", None),
     )
 }
 
