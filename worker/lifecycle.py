@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from adapters.events import session_error
 from config import Settings
 from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
@@ -108,26 +110,40 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
 
 def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
     """Give every in-flight turn whose worker stopped heartbeating its ``worker-lost`` end."""
-    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+
+    def step(run_id: str) -> None:
         record = deps.store.find(run_id)
         if record is None:
             deps.redis.srem(deps.keys.runs_index(), run_id)
             report.forgotten.append(run_id)
-            continue
-        if record.status not in IN_FLIGHT:
-            continue
+            return
         turn = record.current_turn or 0
-        if turn < 1:
-            continue
+        if record.status not in IN_FLIGHT or turn < 1:
+            return
         if not deps.redis.exists(deps.keys.turn_started(run_id, turn)):
-            continue  # still queued: not lost
+            return  # still queued: not lost
         if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
-            continue  # its worker is alive
+            return  # its worker is alive
         _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
         if last_type in ("turn-complete", "session-error"):
-            continue
+            return
         close_lost_turn(deps, run_id, turn, record.harness)
         report.lost_turns.append(f"{run_id}/{turn}")
+
+    _each_run(deps, "close_lost_turns", step)
+
+
+def _each_run(deps: TurnDeps, what: str, step: Callable[[str], None]) -> None:
+    """``step`` for every run that may hold a sandbox. One run's problem (a record no longer
+    readable, a bug) is logged and the pass goes on: it must not stop the reaper for every
+    other run. Redis unreachable stops the pass; the next tick tries again."""
+    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+        try:
+            step(run_id)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception:
+            log.exception("reaper.run_failed", extra={"run_id": run_id, "step": what})
 
 
 def reap_here(deps: TurnDeps | None = None) -> ReapReport:
@@ -237,32 +253,26 @@ def fail_stranded_turn(
 def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> None:
     """Close queued turns that waited too long for a worker on their run's host."""
     now = time.time()
-    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+
+    def step(run_id: str) -> None:
         record = deps.store.find(run_id)
         if record is None or record.status not in IN_FLIGHT:
-            continue
+            return
         queue = record.queue or ""
         if not hosts.is_host_queue(queue, deps.keys) or hosts.alive(deps.redis, deps.keys, queue):
-            continue
+            return
         turn = record.current_turn or 0
         if not turn or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
-            continue
+            return
         if now - _sent_at(deps, run_id, turn, record) < deps.settings.host_wait_s:
-            continue
-        if (
-            fail_stranded_turn(
-                deps.redis,
-                deps.keys,
-                deps.store,
-                deps.settings,
-                run_id,
-                turn,
-                record.harness,
-                queue,
-            )
-            and report is not None
-        ):
+            return
+        waited_out = fail_stranded_turn(
+            deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, record.harness, queue
+        )
+        if waited_out and report is not None:
             report.waited_out.append(f"{run_id}/{turn}")
+
+    _each_run(deps, "close_stranded_turns", step)
 
 
 def _sent_at(deps: TurnDeps, run_id: str, turn: int, record: RunRecord) -> float:
@@ -338,29 +348,32 @@ def resend_unclaimed_turns(
     """
     resent: list[str] = []
     now = time.time()
-    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+
+    def step(run_id: str) -> None:
         record = deps.store.find(run_id)
         if record is None or record.status not in IN_FLIGHT:
-            continue
+            return
         turn = record.current_turn or 0
         if turn < 1 or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
-            continue
+            return
         key = deps.keys.turn_queued(run_id, turn)
         entry_text = deps.redis.get(key)
         if not entry_text:
-            continue
+            return
         entry = json.loads(entry_text)
         if now - float(entry.get("sent_at", now)) < deps.settings.resend_after_s:
-            continue
+            return
         queue = str(entry.get("queue") or "")
         if hosts.is_host_queue(queue, deps.keys) and not hosts.alive(deps.redis, deps.keys, queue):
-            continue  # close_stranded_turns ends it instead
+            return  # close_stranded_turns ends it instead
         entry.setdefault("first_sent_at", entry.get("sent_at", now))
         entry["sent_at"] = now
         deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
         send(entry["payload"], queue)
         resent.append(f"{run_id}/{turn}")
         log.warning("turn.resent", extra={"run_id": run_id, "turn": turn, "queue": queue})
+
+    _each_run(deps, "resend_unclaimed_turns", step)
     return resent
 
 

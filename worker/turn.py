@@ -122,6 +122,11 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
 
     record = wait(lambda: deps.store.record(run_id))
     sandbox = deps.sandbox_for(resolved.sandbox)
+    host_queue = deps.host_queues.get(sandbox.backend) or record.queue
+    if host_queue != record.queue:
+        # Before the container exists: should this worker die while it is made, the run's
+        # next turn must come to this host (and find it), not start a second one elsewhere.
+        wait(lambda: deps.store.update(run_id, queue=host_queue))
     lease_until = time.time() + settings.run_lease_s
     try:
         placement = sandbox.prepare(
@@ -155,12 +160,10 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
             run_status="failed" if first_and_alone else "idle",
         )
     wait(lambda: deps.store.mark_running(run_id))
-    host_queue = deps.host_queues.get(placement.backend) or record.queue
     wait(
         lambda: deps.store.update(
             run_id,
             container_id=placement.container_id,
-            queue=host_queue,
             lease_until=lease_until,
             sandbox=placement.backend,
         )

@@ -517,3 +517,36 @@ def test_a_second_delivery_to_the_process_holding_the_turn_is_a_duplicate(world:
     assert not TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-1")
     holder.release()
     assert TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-1")
+
+
+def test_one_unreadable_run_does_not_stop_the_reaper_for_the_others(world: World) -> None:
+    from worker.lifecycle import ReapReport, close_lost_turns
+
+    broken, lost = world.run(), world.run()
+    world.client.hset(world.keys.run(broken), "options", "{not json")
+    for run_id in (broken, lost):
+        world.client.sadd(world.keys.runs_index(), run_id)
+        world.client.set(world.keys.turn_started(run_id, 1), "dead-host:9")
+    report = ReapReport()
+    close_lost_turns(world.deps, report)
+    assert report.lost_turns == [f"{lost}/1"]
+    assert world.events(lost)[-1][2]["reason"] == "worker-lost"
+
+
+def test_the_run_names_its_host_queue_before_its_sandbox_is_made(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.deps.host_queues["local"] = "tt.host.local.here"
+    run_id = world.run()
+    seen: list[str | None] = []
+    sandbox = world.deps.sandbox_for("local")
+    prepare = sandbox.prepare
+
+    def spying(spec: Any) -> Any:
+        seen.append(world.store.record(run_id).queue)
+        return prepare(spec)
+
+    sandbox.prepare = spying  # type: ignore[method-assign]
+    assert world.turn(run_id, "hello") == "completed"
+    assert seen == ["tt.host.local.here"]
