@@ -6,10 +6,12 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.private_redis import PrivateRedis
 from bench.worker import demo_executable  # noqa: F401 -- the suite's demo harness path
 
 CI = os.environ.get("CI") == "true"
@@ -78,3 +80,14 @@ def _rabbit_up(url: str) -> bool:
 def rabbitmq_url() -> str:
     require(_rabbit_up(RABBITMQ_URL), f"RabbitMQ is not reachable at {RABBITMQ_URL}")
     return RABBITMQ_URL
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A Redis server of this test's own, which it may stop and restart."""
+    require(shutil.which("redis-server") is not None, "redis-server is not installed")
+    (tmp_path / "redis-data").mkdir()
+    server = PrivateRedis(tmp_path / "redis-data")
+    server.start()
+    yield server
+    server.stop()

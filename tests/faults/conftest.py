@@ -3,25 +3,9 @@
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from bench.private_redis import PrivateRedis
-from tests.conftest import require
 from tests.integration.conftest import env, workers  # noqa: F401 -- fixtures re-used here
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    require(shutil.which("redis-server") is not None, "redis-server is not installed")
-    (tmp_path / "redis-data").mkdir()
-    server = PrivateRedis(tmp_path / "redis-data")
-    server.start()
-    yield server
-    server.stop()
 
 
 def processes_in(root: Path) -> list[int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import redis
 from bench.private_redis import PrivateRedis
 from bench.worker import IsolatedEnv, delete_keys, make_env
 from config import load_settings
-from tests.conftest import ROOT, require
+from tests.conftest import ROOT
 from worker import cli
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
 from worker.policy import check_input
@@ -157,28 +156,18 @@ def test_turn_wait_timeout_is_a_harness_error_and_a_timeout_error() -> None:
 
 
 @pytest.fixture
-def private(tmp_path: Path) -> Iterator[PrivateRedis]:
-    require(shutil.which("redis-server") is not None, "redis-server is not installed")
-    (tmp_path / "redis-data").mkdir()
-    server = PrivateRedis(tmp_path / "redis-data")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def private_env(private: PrivateRedis, tmp_path: Path) -> Iterator[IsolatedEnv]:
-    env = make_env(tmp_path / "env", private.url)
+def private_env(private_redis: PrivateRedis, tmp_path: Path) -> Iterator[IsolatedEnv]:
+    env = make_env(tmp_path / "env", private_redis.url)
     yield env
     env.clients.clear()  # their Redis may be down: closing is not needed
 
 
 @pytest.mark.redis
 def test_events_raise_unavailable_when_redis_is_down_at_the_start(
-    private: PrivateRedis, private_env: IsolatedEnv
+    private_redis: PrivateRedis, private_env: IsolatedEnv
 ) -> None:
     client = private_env.client()
-    private.stop()
+    private_redis.stop()
     with pytest.raises(Unavailable, match="cannot reach Redis"):
         next(client.events(RUN_ID))
     with pytest.raises(Unavailable):
@@ -187,7 +176,7 @@ def test_events_raise_unavailable_when_redis_is_down_at_the_start(
 
 @pytest.mark.redis
 def test_events_raise_unavailable_when_redis_goes_away_while_iterating(
-    private: PrivateRedis, private_env: IsolatedEnv
+    private_redis: PrivateRedis, private_env: IsolatedEnv
 ) -> None:
     r = private_env.redis()
     _record(r, private_env.prefix, RUN_ID)
@@ -195,14 +184,14 @@ def test_events_raise_unavailable_when_redis_goes_away_while_iterating(
     client = private_env.client()
     events = client.events(RUN_ID, follow=True, block_ms=200)
     assert next(events).id == "1-0"
-    private.stop()
+    private_redis.stop()
     with pytest.raises(Unavailable, match="cannot reach Redis"):
         next(events)
     follow = client.follow(RUN_ID, 1, after="1-0")
     with pytest.raises(Unavailable):
         next(follow)
     # Back again: a new iterator after the last id seen goes on with no gap, no duplicate.
-    private.start()
+    private_redis.start()
     _add(r, private_env.prefix, RUN_ID, "1-1", "turn-complete", text="ok")
     assert [e.id for e in client.follow(RUN_ID, 1, after="1-0")] == ["1-1"]
 
@@ -295,7 +284,7 @@ def test_broker_down_at_a_later_turn_sets_the_run_idle_again(private_env: Isolat
 @pytest.mark.redis
 @pytest.mark.slow
 def test_events_follow_rides_out_a_redis_restart(
-    private: PrivateRedis, private_env: IsolatedEnv
+    private_redis: PrivateRedis, private_env: IsolatedEnv
 ) -> None:
     r = private_env.redis()
     prefix = private_env.prefix
@@ -314,10 +303,10 @@ def test_events_follow_rides_out_a_redis_restart(
         assert proc.stdout is not None and proc.stderr is not None
         ids = [json.loads(proc.stdout.readline())["id"] for _ in range(2)]
         assert ids == ["1-0", "1-1"]
-        private.stop()
+        private_redis.stop()
         assert "Redis is unreachable; retrying…" in proc.stderr.readline()
         time.sleep(1.5)  # deliberately: the follower keeps retrying while Redis is away
-        private.start()
+        private_redis.start()
         assert "Redis is back; resuming after 1-1" in proc.stderr.readline()
         _add(r, prefix, RUN_ID, "1-2", "assistant-text", text="after")
         _add(r, prefix, RUN_ID, "1-3", "turn-complete", text="after")
