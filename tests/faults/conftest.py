@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bench.private_redis import PrivateRedis  # noqa: F401 -- the fault tests import it here
 from tests.integration.conftest import env, workers  # noqa: F401 -- fixtures re-used here
 
 
