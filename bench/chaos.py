@@ -30,7 +30,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,6 +42,7 @@ from typing import TypeVar
 
 from bench.private_redis import PrivateRedis
 from bench.scale_load import Cluster, Host, start_cluster
+from bench.worker import signal_and_wait
 from worker.client import HarnessClient, StreamEvent
 from worker.errors import RunBusy, RunEnded, Unavailable
 
@@ -327,14 +327,7 @@ class Chaos:
         return self.rng.choice(slots), None
 
     def stop_worker(self, index: int, sig: signal.Signals) -> None:
-        proc = self.cluster.processes[index]
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        signal_and_wait(self.cluster.processes[index], sig)
 
     def respawn(self, indexes: list[int], host: str) -> None:
         per_host = len(self.slots(host))

@@ -34,6 +34,7 @@ from pathlib import Path
 from bench.chaos import owner_pid
 from bench.private_redis import PrivateRedis
 from bench.scale_load import Cluster, start_cluster
+from bench.worker import signal_and_wait
 from worker.client import HarnessClient
 
 LINES = 8
@@ -90,14 +91,7 @@ class Soak:
     def restart_a_worker(self, sig: signal.Signals) -> None:
         with self.worker_lock:
             index = self.rng.randrange(len(self.cluster.processes))
-            proc = self.cluster.processes[index]
-            if proc.poll() is None:
-                proc.send_signal(sig)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            signal_and_wait(self.cluster.processes[index], sig)
             self.cluster.processes[index] = self.cluster.spawn(self.cluster.hosts[0], index)
 
     def kill_busy_worker(self, client: HarnessClient, run_id: str, sig: signal.Signals) -> None:

@@ -212,6 +212,17 @@ class WorkerProcess:
         return self.proc.returncode
 
 
+def signal_and_wait(proc: subprocess.Popen[bytes], sig: int, timeout: float = 60.0) -> None:
+    """Send ``sig`` to a live process and wait for it; SIGKILL it if it outlives ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
