@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -17,6 +18,7 @@ import fakeredis
 import pytest
 import redis
 
+import adapters
 from config import Settings, load_settings
 from sandbox.local import LocalSandbox
 from worker.keys import Keys
@@ -550,3 +552,32 @@ def test_the_run_names_its_host_queue_before_its_sandbox_is_made(
     sandbox.prepare = spying  # type: ignore[method-assign]
     assert world.turn(run_id, "hello") == "completed"
     assert seen == ["tt.host.local.here"]
+
+
+# -- the worker acts on capabilities (stdio-json: no system-prompt channel, no model selection,
+# no permission policy) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("has_channel", [False, True])
+def test_system_prompt_without_a_channel_reaches_the_harness_in_its_input(
+    world: World, monkeypatch: pytest.MonkeyPatch, has_channel: bool
+) -> None:
+    adapter = adapters.get("stdio-json")
+    caps = dataclasses.replace(adapter.CAPABILITIES, system_prompt=has_channel)
+    monkeypatch.setattr(adapter, "CAPABILITIES", caps)
+    run_id = world.run(system_prompt="SYS-MARK-9d")
+    assert world.turn(run_id, "hello") == "completed"
+    done = world.events(run_id)[-1][2]
+    # The demo answers "You said: <its input>". Declared as a channel the adapter does not
+    # have, the prompt would be lost: the flag is what puts it in the input.
+    assert ("SYS-MARK-9d" in done["text"]) is not has_channel
+    assert done["text"].endswith("hello")
+
+
+def test_what_the_harness_cannot_apply_is_in_the_run_record(world: World) -> None:
+    run_id = world.run(model="demo-9", posture="strict", deny=("Bash(rm *)",))
+    assert world.turn(run_id, "hello") == "completed"
+    warnings = world.store.get(run_id)["warnings"]
+    assert len(warnings) == 2, warnings
+    assert "enforces no permission policy" in warnings[0]
+    assert "model_selection" in warnings[1] and "demo-9" in warnings[1]
