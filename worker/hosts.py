@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from worker import lua
 from worker.keys import Keys, RedisClient
@@ -30,52 +30,47 @@ def alive(client: RedisClient, keys: Keys, queue: str) -> bool:
     return bool(client.exists(keys.host_alive(queue)))
 
 
-def beat_once(
-    client: RedisClient,
-    keys: Keys,
-    queues: Iterable[str],
-    host_queues_: Iterable[str],
-    worker_id: str,
-    ttl_s: float,
-) -> None:
-    ttl = max(int(ttl_s), 2)
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        pipe.set(keys.host_alive(queue), worker_id, ex=ttl)
-    for queue in host_queues_:
-        pipe.hset(keys.hosts(), queue, worker_id)
-    pipe.set(keys.worker_alive(worker_id), ",".join(sorted(set(queues))), ex=ttl)
-    pipe.execute()
+@dataclass
+class Heartbeat:
+    """A worker's consumer keys: one per queue it consumes, one of its own, and its host
+    queues in the hosts hash (for beat's fan-out), refreshed every few seconds."""
 
+    client: RedisClient
+    keys: Keys
+    worker_id: str
+    queues: tuple[str, ...]
+    host_queues: tuple[str, ...]
+    ttl_s: float
+    _stop: threading.Event = field(default_factory=threading.Event)
 
-def start_heartbeat(
-    client: RedisClient,
-    keys: Keys,
-    queues: Iterable[str],
-    host_queues_: Iterable[str],
-    worker_id: str,
-    ttl_s: float,
-) -> threading.Event:
-    """Refresh the consumer keys of ``queues`` until the returned event is set; the first
-    beat happens before this returns, so a producer sees the worker as soon as it consumes."""
-    stop = threading.Event()
-    consumed, hosted = tuple(queues), tuple(host_queues_)
-    beat_once(client, keys, consumed, hosted, worker_id, ttl_s)
+    def beat(self) -> None:
+        ttl = max(int(self.ttl_s), 2)
+        pipe = self.client.pipeline(transaction=False)
+        for queue in self.queues:
+            pipe.set(self.keys.host_alive(queue), self.worker_id, ex=ttl)
+        for queue in self.host_queues:
+            pipe.hset(self.keys.hosts(), queue, self.worker_id)
+        pipe.set(self.keys.worker_alive(self.worker_id), ",".join(self.queues), ex=ttl)
+        pipe.execute()
 
-    def beat() -> None:
-        while not stop.wait(BEAT_INTERVAL_S):
-            try:
-                beat_once(client, keys, consumed, hosted, worker_id, ttl_s)
-            except Exception as exc:  # noqa: BLE001 -- Redis away: try again next beat
-                log.warning("host.heartbeat_failed", extra={"error": str(exc)})
+    def start(self) -> None:
+        """Beat now (a producer sees the worker as soon as it consumes), then on a thread."""
+        self.beat()
 
-    threading.Thread(target=beat, name="host-heartbeat", daemon=True).start()
-    return stop
+        def loop() -> None:
+            while not self._stop.wait(BEAT_INTERVAL_S):
+                try:
+                    self.beat()
+                except Exception as exc:  # noqa: BLE001 -- Redis away: try again next beat
+                    log.warning("host.heartbeat_failed", extra={"error": str(exc)})
 
+        threading.Thread(target=loop, name="host-heartbeat", daemon=True).start()
 
-def stop_heartbeat(client: RedisClient, keys: Keys, queues: Iterable[str], worker_id: str) -> None:
-    """A worker leaving on purpose: drop its keys now, unless another worker refreshed them."""
-    scripts = lua.scripts(client)
-    for queue in queues:
-        scripts.delete_if_mine(keys.host_alive(queue), worker_id)
-    client.delete(keys.worker_alive(worker_id))
+    def stop(self) -> None:
+        """A worker leaving on purpose: drop its keys now, unless another worker of the same
+        queue refreshed them meanwhile."""
+        self._stop.set()
+        scripts = lua.scripts(self.client)
+        for queue in self.queues:
+            scripts.delete_if_mine(self.keys.host_alive(queue), self.worker_id)
+        self.client.delete(self.keys.worker_alive(self.worker_id))

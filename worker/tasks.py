@@ -30,7 +30,7 @@ from worker.turn_life import TurnRef, end_unclaimed_turn
 log = logging.getLogger(__name__)
 
 _stops: list[threading.Event] = []
-_consumed: list[str] = []
+_heartbeats: list[hosts.Heartbeat] = []
 
 
 @app.task(name=TASK_RUN_TURN, bind=True, acks_late=True, max_retries=30)
@@ -107,17 +107,17 @@ def _announce(sender: Any = None, **_: object) -> None:
     deps = runtime.deps()
     metrics.serve(deps.settings.metrics_port, deps.settings.metrics_addr)
     consumed = list(sender.app.amqp.queues.consume_from) if sender is not None else []
-    _consumed[:] = sorted(set(consumed) | set(deps.host_queues.values()))
-    _stops.append(
-        hosts.start_heartbeat(
-            deps.redis,
-            deps.keys,
-            _consumed,
-            sorted(set(deps.host_queues.values())),
-            deps.worker_id,
-            ttl_s=deps.settings.host_timeout_s,
-        )
+    host_queues = sorted(set(deps.host_queues.values()))
+    heartbeat = hosts.Heartbeat(
+        deps.redis,
+        deps.keys,
+        deps.worker_id,
+        queues=tuple(sorted(set(consumed) | set(host_queues))),
+        host_queues=tuple(host_queues),
+        ttl_s=deps.settings.host_timeout_s,
     )
+    heartbeat.start()
+    _heartbeats.append(heartbeat)
     _stop_turns_before_cold_shutdown()
     # Its first pass runs now: it reaps what crashed here before and warms the pools.
     _stops.append(lifecycle.start_reaper(deps))
@@ -161,10 +161,10 @@ def _shutting_down(how: str = "Warm", **_: object) -> None:
 @worker_shutdown.connect
 def _gone(**_: object) -> None:
     """The worker has stopped consuming: stop beating, so producers learn it at once."""
-    deps = runtime.deps()
     for stop in _stops:
         stop.set()
     try:
-        hosts.stop_heartbeat(deps.redis, deps.keys, _consumed, deps.worker_id)
+        for heartbeat in _heartbeats:
+            heartbeat.stop()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         log.warning("host.heartbeat_stop_failed", extra={"error": str(exc)})
