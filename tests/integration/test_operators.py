@@ -575,6 +575,7 @@ def test_a_probe_container_left_by_a_killed_doctor_is_removed_by_the_reaper(
     from sandbox.docker import DockerSandbox
     from worker.keys import Keys
     from worker.lifecycle import ReapReport, reap_sandboxes
+    from worker.records import RunStore
 
     require_docker()
     ensure_images(["demo"])
@@ -589,11 +590,9 @@ def test_a_probe_container_left_by_a_killed_doctor_is_removed_by_the_reaper(
             ["true"],
             **doctor._probe_args(settings, run_id, name, settings.network),
         )
-        deps: Any = SimpleNamespace(
-            redis=redis.Redis.from_url(redis_url, decode_responses=True),
-            keys=Keys(settings.key_prefix),
-            store=None,
-        )
+        r = redis.Redis.from_url(redis_url, decode_responses=True)
+        keys = Keys(settings.key_prefix)
+        deps: Any = SimpleNamespace(redis=r, keys=keys, store=RunStore(r, keys, 60))
         report = ReapReport()
         reap_sandboxes(deps, DockerSandbox(tmp_path / "docker", scope=settings.key_prefix), report)
         assert report.sandboxes == [run_id]
