@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 import textwrap
 import time
@@ -354,6 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "wait", None) is not None and (not args.follow or not args.wait > 0):
         parser.error("--wait SECONDS needs --follow and a number of seconds above 0")
+    # The command says what went wrong itself; the worker code it runs (reap, doctor) logs
+    # only what it could not say: errors, as key=value lines on stderr.
+    logging.basicConfig(level=logging.ERROR, format="harness: %(levelname)s %(message)s")
     try:
         return _dispatch(args)
     except SettingsError as exc:

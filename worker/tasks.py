@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from typing import Any
 
 import redis
@@ -19,6 +20,7 @@ from celery.signals import (
 
 from adapters.events import session_error
 from config import get_settings
+from sandbox.base import SandboxError
 from worker import host_queues, hosts, lifecycle, logs, metrics, runtime
 from worker.app import app, direct_queue
 from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST, TASK_RUN_TURN
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 
 _stops: list[threading.Event] = []
 _heartbeats: list[hosts.Heartbeat] = []
+
+DOCKER_START_WAIT_S = 30.0
+"""How long a starting Docker worker waits for its daemon (which may be starting too)."""
 
 
 @app.task(name=TASK_RUN_TURN, bind=True, acks_late=True, max_retries=30)
@@ -95,7 +100,19 @@ def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
     """Consume the queues of the places this worker's sandboxes live (the Docker daemon by
     its ID, this machine for the local sandbox): a run's later turns are routed there."""
     deps = runtime.deps()
-    deps.host_queues.update(host_queues.host_queues(deps.settings))
+    deadline = time.monotonic() + DOCKER_START_WAIT_S
+    while True:
+        try:
+            deps.host_queues.update(host_queues.host_queues(deps.settings))
+            break
+        except SandboxError as exc:
+            if time.monotonic() >= deadline:
+                # Without its daemon's queue this worker could place no run where its later
+                # turns find it: it does not start (a process manager starts it again).
+                log.critical("worker.no_host_queue", extra={"error": str(exc)})
+                raise SystemExit(f"harness worker: {exc}") from None
+            log.warning("worker.waiting_for_docker", extra={"error": str(exc)})
+            time.sleep(2)
     for queue in sorted(set(deps.host_queues.values())):
         instance.app.amqp.queues.select_add(direct_queue(queue))
     log.info("worker.host_queues", extra={"queues": deps.host_queues})

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import docker
@@ -75,3 +77,43 @@ def test_two_daemons_on_one_machine_never_share_a_host_queue(
         )
     finally:
         remote.close()
+
+
+def test_a_docker_worker_without_its_daemon_does_not_start_and_says_why(env: Env) -> None:
+    """It waits a while (dockerd may be starting too), then exits: without its daemon's queue
+    it could place no run where the run's later turns would find it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-n", "nodocker@%h"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={
+            **os.environ,
+            **env.vars,
+            "HARNESS_SANDBOX": "docker",
+            "HARNESS_DOCKER_URL": "unix:///nonexistent/docker.sock",
+            "HARNESS_METRICS_PORT": "0",
+        },
+    )
+    assert done.returncode == 1
+    assert "cannot ask the Docker daemon at unix:///nonexistent/docker.sock" in done.stderr
+    assert "set HARNESS_HOST_QUEUE" in done.stderr
+
+
+def test_reap_says_so_and_exits_1_when_the_daemon_is_unreachable(env: Env) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "reap"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            **env.vars,
+            "HARNESS_SANDBOX": "docker",
+            "HARNESS_DOCKER_URL": "unix:///nonexistent/docker.sock",
+        },
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith("harness: cannot reap sandboxes: docker: cannot reach")
