@@ -91,3 +91,13 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def shipped_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Settings as shipped: no HARNESS_ variable and no .env from the shell or the checkout
+    (use it with ``pytestmark = pytest.mark.usefixtures("shipped_settings")``)."""
+    for name in list(os.environ):
+        if name.startswith("HARNESS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)

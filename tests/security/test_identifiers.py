@@ -6,7 +6,6 @@ Services: none, except the last test (a real worker fed forged Celery messages).
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 from collections.abc import Iterator
@@ -28,16 +27,10 @@ from worker.keys import Keys
 from worker.policy import resolve, resolve_secrets
 from worker.spec import RunOptions, TurnPayload, check_run_id, new_run_id
 
+pytestmark = pytest.mark.usefixtures("shipped_settings")
+
 TRAVERSAL = ["..", "../x", "../../etc/passwd", "a/../../b", "/etc/passwd", "a/b", ".", "a\\..\\b"]
 GLOB = ["*", "r*", "?", "[a-z]", "r" + "0" * 23 + "*"]
-
-
-@pytest.fixture(autouse=True)
-def _no_operator_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("HARNESS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 # -- run ids and Redis keys ---------------------------------------------------------------------

@@ -28,16 +28,9 @@ from worker.errors import InvalidInput
 from worker.policy import memory_bytes, resolve
 from worker.spec import RunOptions
 
+pytestmark = pytest.mark.usefixtures("shipped_settings")
+
 # -- the rules, one by one (no services) -----------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _no_operator_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Policy defaults as shipped: no HARNESS_ variable and no .env from the shell."""
-    for name in list(os.environ):
-        if name.startswith("HARNESS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 def settings(**overrides: Any) -> Settings:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -12,19 +11,12 @@ import pytest
 from config.harnesses import DEFAULT_GRANTS, DEFAULT_IMAGES
 from config.settings import Settings, SettingsError, load_settings
 
+pytestmark = pytest.mark.usefixtures("shipped_settings")
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / ".env.example"
 ASSIGNMENT = re.compile(r"^(#\s*)?(HARNESS_[A-Z0-9_]+)=(.*)$")
 # Defaults that no literal value can state: they depend on the host or mean "unset".
 COMMENTED_OUT = {"HARNESS_HOST_QUEUE", "HARNESS_DOCKER_URL"}
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No HARNESS_ variable and no .env from the developer's shell or checkout."""
-    for name in list(os.environ):
-        if name.startswith("HARNESS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 def _example() -> tuple[dict[str, str], set[str], list[str]]:

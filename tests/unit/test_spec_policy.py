@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,13 +12,7 @@ from worker.errors import InvalidInput
 from worker.policy import check_input, resolve, resolve_secrets
 from worker.spec import RunOptions, TurnPayload, check_run_id, new_run_id, parse_options
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("HARNESS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("shipped_settings")
 
 
 def _settings(**overrides: Any) -> Settings:

@@ -15,9 +15,7 @@ Two kinds of test, so that a flag can neither lie nor stop mattering:
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +35,8 @@ from worker.errors import InvalidInput
 from worker.policy import fit_request, resolve
 from worker.spec import RunOptions
 
+pytestmark = pytest.mark.usefixtures("shipped_settings")
+
 RECORDED: dict[str, RecordedHarness] = {
     r.harness_id: r
     for r in (
@@ -48,14 +48,6 @@ RECORDED: dict[str, RecordedHarness] = {
     )
 }
 MARK = "CAPS-MARK-41c2"
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("HARNESS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture
