@@ -22,7 +22,6 @@ import argparse
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -94,24 +93,29 @@ class Soak:
             signal_and_wait(self.cluster.processes[index], sig)
             self.cluster.processes[index] = self.cluster.spawn(self.cluster.hosts[0], index)
 
-    def kill_busy_worker(self, client: HarnessClient, run_id: str, sig: signal.Signals) -> None:
-        """Signal the worker process running this run's turn (found by its heartbeat)."""
-        with self.worker_lock, self.store.gate.shared():
-            record = client.status(run_id)
-            pid = owner_pid(
-                client.redis.get(client.keys.turn_owner(run_id, record["current_turn"]))
-            )
-            for index, proc in enumerate(self.cluster.processes):
-                if proc.pid == pid and proc.poll() is None:
-                    proc.send_signal(sig)
-                    try:
-                        proc.wait(60)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait(10)
-                    self.cluster.processes[index] = self.cluster.spawn(self.cluster.hosts[0], index)
-                    return
-        # No live owner: the turn already ended (another fault took its worker down first).
+    def kill_busy_worker(
+        self, client: HarnessClient, run_id: str, sig: signal.Signals
+    ) -> float | None:
+        """Signal the worker process running this run's turn (found by its heartbeat); the
+        time it was signalled, or None when no live worker held the turn (another fault had
+        already ended it, or its owner could not be read for 5 s)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with self.worker_lock, self.store.gate.shared():
+                record = client.status(run_id)
+                pid = owner_pid(
+                    client.redis.get(client.keys.turn_owner(run_id, record["current_turn"]))
+                )
+                for index, proc in enumerate(self.cluster.processes):
+                    if proc.pid == pid and proc.poll() is None:
+                        sent_at = time.time()
+                        signal_and_wait(proc, sig)
+                        self.cluster.processes[index] = self.cluster.spawn(
+                            self.cluster.hosts[0], index
+                        )
+                        return sent_at
+            time.sleep(0.2)
+        return None
 
     def one_turn(self, client: HarnessClient, run_id: str | None, turn: int) -> str:
         kind = self.pick()
@@ -124,16 +128,16 @@ class Soak:
                 )
             else:
                 client.submit_turn(run_id, script)
-        cancelled_at: float | None = None
+        fault_at: float | None = None
         if kind in ("cancel", "worker-kill", "worker-term"):
             self._wait_for_text(client, run_id, turn)
             if kind == "cancel":
                 with self.store.gate.shared():
-                    cancelled_at = time.time()
+                    fault_at = time.time()
                     client.cancel(run_id)
             else:
                 sig = signal.SIGKILL if kind == "worker-kill" else signal.SIGTERM
-                self.kill_busy_worker(client, run_id, sig)
+                fault_at = self.kill_busy_worker(client, run_id, sig)
         elif kind == "redis-restart":
             self._wait_for_text(client, run_id, turn)
             self.store.restart()
@@ -141,7 +145,7 @@ class Soak:
         with self.lock:
             self.faults[kind] += 1
             self.turns_done += 1
-        self.check(client, run_id, turn, kind, terminal, cancelled_at)
+        self.check(client, run_id, turn, kind, terminal, fault_at)
         if terminal.get("reason") in ("worker-lost", "shutdown"):
             # A lost worker or a warm shutdown leaves the run usable, its container kept.
             with self.store.gate.shared():
@@ -186,7 +190,7 @@ class Soak:
         turn: int,
         kind: str,
         terminal: dict[str, object],
-        cancelled_at: float | None = None,
+        fault_at: float | None = None,
     ) -> None:
         for _ in range(20):
             try:
@@ -212,17 +216,15 @@ class Soak:
         if [e.type for e in events].count("session") > 1:
             self.problems.append(f"{where}: the harness ran more than once")
         expected = EXPECTED_REASON.get(kind)
-        late = cancelled_at is not None and cancelled_at - events[0].ts >= TURN_TIMEOUT_S - 0.5
-        if kind == "cancel" and late:
-            # Faults on other threads (a Redis restart) held the cancel back until the turn
-            # had all but timed out: either ending is right.
-            expected = {"cancelled", "timeout"}
+        faulted = kind in ("cancel", "worker-kill", "worker-term")
+        late = fault_at is not None and fault_at - events[0].ts >= TURN_TIMEOUT_S - 1.5
+        if faulted and (late or fault_at is None) and expected:
+            # Faults on other threads (a Redis restart) held this one back until the turn had
+            # all but timed out, or no worker held the turn to signal: its script sleeps past
+            # the turn timeout, so timing out is right too.
+            expected = expected | {"timeout"}
         if expected and terminal.get("reason") not in expected:
-            sent = (
-                ""
-                if cancelled_at is None
-                else f", cancel sent {cancelled_at - events[0].ts:.1f} s in"
-            )
+            sent = "" if fault_at is None else f", fault sent {fault_at - events[0].ts:.1f} s in"
             self.problems.append(
                 f"{where}: ended {terminal.get('type')} {terminal.get('reason')}{sent}"
             )
