@@ -276,13 +276,10 @@ class HarnessClient:
         queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
         if hosts.alive(self.redis, self.keys, queue):
             return None
-        since = record.get("updated_at")
-        queued = self.redis.get(self.keys.turn_queued(run_id, turn))
-        if queued:
-            since = json.loads(queued).get("sent_at", since)
+        since = self.store.queued_since(run_id, turn) or record.get("updated_at")
         bound = None
         if hosts.is_host_queue(queue, self.keys):
-            bound = float(self.settings.host_wait_s)  # lead: HARNESS_HOST_WAIT_S
+            bound = float(self.settings.host_wait_s)
         return Waiting(run_id, int(turn), queue, since, bound)
 
     @_translate_iter

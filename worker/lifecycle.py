@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +17,8 @@ from config import Settings
 from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
 from worker import credentials, hosts, metrics
 from worker.errors import RunNotFound
-from worker.keys import Keys, RedisClient
 from worker.publisher import last_seq
-from worker.records import FINISHED, IN_FLIGHT, RunRecord, RunStore
+from worker.records import FINISHED, IN_FLIGHT, RunRecord
 from worker.turn import TurnDeps, close_lost_turn
 from worker.turn_life import TurnRef, end_unclaimed_turn
 
@@ -197,9 +194,9 @@ def reap_pass(deps: TurnDeps) -> ReapReport:
 
 
 def _take_lock(deps: TurnDeps, scope: str, interval_s: float) -> bool:
-    token = f"{deps.worker_id}/{uuid.uuid4().hex[:8]}"
+    """The lock is never released: it lapses, so a scope is passed over once per interval."""
     ttl_ms = max(int(interval_s * 1000 * 0.9), 200)
-    return bool(deps.redis.set(deps.keys.reaper_lock(scope), token, nx=True, px=ttl_ms))
+    return bool(deps.redis.set(deps.keys.reaper_lock(scope), deps.worker_id, nx=True, px=ttl_ms))
 
 
 def start_reaper(deps: TurnDeps) -> threading.Event:
@@ -221,30 +218,22 @@ def start_reaper(deps: TurnDeps) -> threading.Event:
     return stop
 
 
-def fail_stranded_turn(
-    deps_redis: RedisClient,
-    keys: Keys,
-    store: RunStore,
-    settings: Settings,
-    run_id: str,
-    turn: int,
-    harness: str,
-    queue: str,
-) -> bool:
+def fail_stranded_turn(deps: TurnDeps, run_id: str, turn: int, harness: str, queue: str) -> bool:
     """End a turn that waited HARNESS_HOST_WAIT_S for a worker on its run's host. The run
     stays usable and keeps its sandbox. False if a worker took the turn meanwhile."""
+    settings, keys = deps.settings, deps.keys
     ttl = settings.retention_s + settings.run_lease_s
-    if not deps_redis.set(keys.turn_started(run_id, turn), "host-away", nx=True, ex=ttl):
+    if not deps.redis.set(keys.turn_started(run_id, turn), "host-away", nx=True, ex=ttl):
         return False
     error = (
         f"no worker consumed {queue}, the host of this run's sandbox, for "
         f"{settings.host_wait_s:g}s (HARNESS_HOST_WAIT_S); the run and its workspace are "
         "kept there: submit the turn again once a worker runs on that host, or end the run"
     )
-    ref = TurnRef(deps_redis, keys, store, settings, run_id, turn, harness)
+    ref = TurnRef(deps.redis, keys, deps.store, settings, run_id, turn, harness)
     end_unclaimed_turn(ref, session_error(error, "sandbox"), run_status="idle")
-    deps_redis.delete(keys.turn_queued(run_id, turn))
-    credentials.revoke(deps_redis, keys, run_id)
+    deps.redis.delete(keys.turn_queued(run_id, turn))
+    credentials.revoke(deps.redis, keys, run_id)
     metrics.turn_failed(harness, "sandbox")
     log.warning("turn.host_away", extra={"run_id": run_id, "turn": turn, "queue": queue})
     return True
@@ -264,27 +253,15 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
         turn = record.current_turn or 0
         if not turn or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
             return
-        if now - _sent_at(deps, run_id, turn, record) < deps.settings.host_wait_s:
+        # A producer that sent the turn set the run running then: the record's last update is
+        # when, should the queued entry be gone.
+        sent_at = deps.store.queued_since(run_id, turn) or record.updated_at or now
+        if now - sent_at < deps.settings.host_wait_s:
             return
-        waited_out = fail_stranded_turn(
-            deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, record.harness, queue
-        )
-        if waited_out and report is not None:
+        if fail_stranded_turn(deps, run_id, turn, record.harness, queue) and report is not None:
             report.waited_out.append(f"{run_id}/{turn}")
 
     _each_run(deps, "close_stranded_turns", step)
-
-
-def _sent_at(deps: TurnDeps, run_id: str, turn: int, record: RunRecord) -> float:
-    """When the turn was first sent: its queued entry says; the record's last update is the
-    fallback (a producer that sent it set the run running then)."""
-    entry = deps.redis.get(deps.keys.turn_queued(run_id, turn))
-    if entry:
-        with contextlib.suppress(ValueError, TypeError):
-            first = json.loads(entry).get("first_sent_at") or json.loads(entry).get("sent_at")
-            if first:
-                return float(first)
-    return record.updated_at or time.time()
 
 
 def warm_pools(deps: TurnDeps) -> int:

@@ -276,6 +276,16 @@ class RunStore:
             encode(changes or {}),
         )
 
+    def queued_since(self, run_id: str, turn: int) -> float | None:
+        """When a turn no worker has taken yet was first sent (its queued entry, which the
+        reaper rewrites when it sends the turn again), or None when there is no such entry."""
+        text = self.redis.get(self.keys.turn_queued(run_id, turn))
+        if not text:
+            return None
+        entry = json.loads(text)
+        first = entry.get("first_sent_at", entry.get("sent_at"))
+        return None if first is None else float(first)
+
     def expire(self, run_id: str, seconds: int) -> None:
         pipe = self.redis.pipeline()
         for key in self.keys.run_keys(run_id):

@@ -29,7 +29,7 @@ from adapters.events import (
 from adapters.protocol import TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
-from worker import attempt, logs, metrics
+from worker import attempt, credentials, logs, metrics
 from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
 from worker.policy import check_input, fit_request, resolve, resolve_secrets
@@ -412,8 +412,6 @@ def close_lost_turn(
     The run stays usable: its sandbox and workspace are kept (the next turn in that container
     first stops whatever the lost turn left running), and its credential is revoked now.
     """
-    from worker import credentials
-
     credentials.revoke(deps.redis, deps.keys, run_id)
     ref = TurnRef(deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness)
     if end_unclaimed_turn(ref, session_error(error, "worker-lost"), patience_s=600.0):

@@ -153,8 +153,6 @@ class TurnLife:
         self.usage: Callable[[], Usage] = lambda: NO_USAGE
         self._owner_key = deps.keys.turn_owner(run_id, turn)
         self._last_beat = time.monotonic()
-        self._claimed = False
-        self._held: tuple[str, str, int] | None = None
         self.ended = False
 
     # -- claim and heartbeat ---------------------------------------------------------------
@@ -163,31 +161,28 @@ class TurnLife:
         """Take the turn. False when another delivery took it first. Redis errors propagate:
         nothing has happened yet, so the delivery may simply be tried again."""
         deps, ref = self.deps, self.ref
-        here = (deps.keys.prefix, ref.run_id, ref.turn)
         with _in_flight_lock:
-            if here in _in_flight:
+            if self._slot in _in_flight:
                 return False
-            _in_flight.add(here)
-        self._held = here
-        token = f"{deps.worker_id}/{delivery or uuid.uuid4().hex}"
+            _in_flight.add(self._slot)
+        claimed = False
         try:
-            claimed = self._claim(token)
+            claimed = lua.scripts(deps.redis).claim_turn(
+                deps.keys.turn_started(ref.run_id, ref.turn),
+                self._owner_key,
+                f"{deps.worker_id}/{delivery or uuid.uuid4().hex}",
+                deps.settings.retention_s + deps.settings.run_lease_s,
+                deps.settings.heartbeat_ttl_s,
+            )
         finally:
-            if not self._claimed:
+            if not claimed:
                 with _in_flight_lock:
-                    _in_flight.discard(here)
+                    _in_flight.discard(self._slot)
         return claimed
 
-    def _claim(self, token: str) -> bool:
-        deps, ref = self.deps, self.ref
-        self._claimed = lua.scripts(deps.redis).claim_turn(
-            deps.keys.turn_started(ref.run_id, ref.turn),
-            self._owner_key,
-            token,
-            deps.settings.retention_s + deps.settings.run_lease_s,
-            deps.settings.heartbeat_ttl_s,
-        )
-        return self._claimed
+    @property
+    def _slot(self) -> tuple[str, str, int]:
+        return (self.deps.keys.prefix, self.ref.run_id, self.ref.turn)
 
     def heartbeat(self) -> None:
         """Refresh the owner key (a third of its TTL at most); a Redis error is ignored, the
@@ -224,8 +219,7 @@ class TurnLife:
     def release(self) -> None:
         """The turn is over on this worker: drop the owner heartbeat."""
         with _in_flight_lock:
-            if self._held is not None:
-                _in_flight.discard(self._held)
+            _in_flight.discard(self._slot)
         try:
             self.patience.call(lambda: self.deps.redis.delete(self._owner_key))
         except (redis.ConnectionError, redis.TimeoutError):
