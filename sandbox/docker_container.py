@@ -82,7 +82,6 @@ def parse_user(user: str) -> tuple[int, int]:
 
 def create_args(spec: RunSpec, workspace: Path, scope: str) -> dict[str, Any]:
     """The keyword arguments of ``containers.create`` for the run's container."""
-    uid, gid = parse_user(spec.user)
     labels = {
         **{str(k): str(v) for k, v in spec.labels.items()},
         LABEL_MANAGED: "true",
@@ -91,15 +90,26 @@ def create_args(spec: RunSpec, workspace: Path, scope: str) -> dict[str, Any]:
     }
     if spec.workspace_key:
         labels["harness.workspace_key"] = spec.workspace_key
-    args: dict[str, Any] = {
+    return {
         "image": spec.image,
         "command": ["sleep", "infinity"],
         "name": container_name(spec.run_id),
         "labels": labels,
-        "init": True,
-        "user": spec.user,
         "working_dir": WORKSPACE,
         "environment": {"HOME": HOME, "TMPDIR": "/tmp"},
+        "mounts": [Mount(target=WORKSPACE, source=str(workspace), type="bind")],
+        **hardened(spec),
+    }
+
+
+def hardened(spec: RunSpec) -> dict[str, Any]:
+    """How every container of ours runs (a run's, and the doctor's probe): the run's user, no
+    capabilities, no new privileges, a read-only root with a /tmp the user owns, the run's
+    limits and network, an init, a private cgroup namespace."""
+    uid, gid = parse_user(spec.user)
+    args: dict[str, Any] = {
+        "init": True,
+        "user": spec.user,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "privileged": False,
@@ -110,7 +120,6 @@ def create_args(spec: RunSpec, workspace: Path, scope: str) -> dict[str, Any]:
         "nano_cpus": int(spec.limits.cpus * 1e9),
         "network_mode": spec.network,
         "cgroupns": "private",
-        "mounts": [Mount(target=WORKSPACE, source=str(workspace), type="bind")],
     }
     if spec.read_only_root:
         # Docker here ignores mode=1777 on a tmpfs; owning it is what lets the user write.

@@ -30,6 +30,8 @@ from rich.text import Text
 import adapters
 from config import Settings, load_settings
 from config.harnesses import DEMO_IMAGE
+from sandbox.base import Limits, NetworkPolicy, RunSpec
+from sandbox.docker_container import hardened
 from worker.policy import memory_bytes
 
 # The password of a URL's user part runs to the last "@" before the path: "p@ss" unencoded
@@ -327,10 +329,15 @@ def _run_probe(client: Any, image: str, args: dict[str, Any]) -> str | None:
 def _probe_args(
     settings: Settings, run_id: str, container_name: str, network: str
 ) -> dict[str, Any]:
-    """The hardening and limits of a run's container (sandbox/docker.py), for the probe."""
-    uid_text, _, gid_text = settings.container_user.partition(":")
-    uid, gid = uid_text, gid_text or uid_text
-    args: dict[str, Any] = {
+    """A run's container as the settings shape it (the sandbox's own hardening), for the probe."""
+    spec = RunSpec(
+        run_id=run_id,
+        network=cast(NetworkPolicy, network),
+        limits=Limits(settings.memory, settings.cpus, settings.pids),
+        user=settings.container_user,
+        read_only_root=settings.read_only_root,
+    )
+    return {
         "name": container_name,
         "entrypoint": [],
         "labels": {
@@ -340,23 +347,8 @@ def _probe_args(
             "harness.lease_until": f"{time.time() + 2 * NETWORK_PROBE_TIMEOUT_S:.0f}",
             LABEL_DOCTOR_PROBE: "true",
         },
-        "init": True,
-        "user": settings.container_user,
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "privileged": False,
-        "read_only": settings.read_only_root,
-        "pids_limit": settings.pids,
-        "mem_limit": settings.memory,
-        "memswap_limit": settings.memory,
-        "nano_cpus": int(settings.cpus * 1e9),
-        "network_mode": network,
-        "cgroupns": "private",
+        **hardened(spec),
     }
-    if settings.read_only_root:
-        # Docker here ignores mode=1777 on a tmpfs; owning it is what lets the user write.
-        args["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,uid={uid},gid={gid}"}
-    return args
 
 
 def _remove_probe(client: Any, container_name: str) -> str:
