@@ -64,6 +64,8 @@ def utf8_safe(text: str) -> str:
 
 
 _WIRE_TYPE = {"type"}
+WORKSPACE_LIST_LIMIT = 200
+"""At most this many paths per list of a ``workspace`` event (the counts are complete)."""
 
 
 class _Event(BaseModel):
@@ -124,6 +126,31 @@ class PermissionRequest(_Event):
     command: str | None = None
 
 
+class WorkspaceChange(_Event):
+    """What a turn changed in its workspace, from the worker's snapshot after the turn.
+
+    Path lists are cut at :data:`WORKSPACE_LIST_LIMIT` entries each; the ``*_count`` fields
+    are the full counts. ``rewound_to`` is set on the event that records a rewind (published
+    at the start of the next turn, after its ``turn-started``).
+    """
+
+    type: Literal["workspace"] = "workspace"
+    snapshot: str
+    added: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    added_count: int = 0
+    modified_count: int = 0
+    deleted_count: int = 0
+    lines_added: int = 0
+    lines_removed: int = 0
+    large: tuple[str, ...] = ()
+    complete: bool = True
+    note: str | None = None
+    rewound_to: int | None = None
+    pushed_branch: str | None = None
+
+
 class Usage(_Event):
     type: Literal["usage"] = "usage"
     input_tokens: int = 0
@@ -168,6 +195,7 @@ Event = Annotated[
     | AssistantText
     | SandboxActivity
     | PermissionRequest
+    | WorkspaceChange
     | Usage
     | TurnComplete
     | SessionError,
@@ -180,6 +208,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "assistant-text",
     "sandbox-activity",
     "permission-request",
+    "workspace",
     "usage",
     "turn-complete",
     "session-error",

@@ -22,6 +22,7 @@ from adapters.events import (
     TurnComplete,
     TurnStarted,
     Usage,
+    WorkspaceChange,
     json_schema,
     parse_event,
     session_error,
@@ -39,6 +40,7 @@ OPT_INT = {"integer", "null"}
 NUMBER = {"number"}
 OPT_NUMBER = {"number", "null"}
 BOOL = {"boolean"}
+ARRAY = {"array"}
 
 CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
     "turn-started": {"harness": STRING, "attempt": INT, "input_chars": INT},
@@ -46,6 +48,22 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
     "assistant-text": {"text": STRING},
     "sandbox-activity": {"kind": STRING, "description": STRING},
     "permission-request": {"request_id": STRING, "description": STRING, "command": OPT_STRING},
+    "workspace": {  # CONTRACT.md, "Next additions", and docs/events.md
+        "snapshot": STRING,
+        "added": ARRAY,
+        "modified": ARRAY,
+        "deleted": ARRAY,
+        "added_count": INT,
+        "modified_count": INT,
+        "deleted_count": INT,
+        "lines_added": INT,
+        "lines_removed": INT,
+        "large": ARRAY,
+        "complete": BOOL,
+        "note": OPT_STRING,
+        "rewound_to": OPT_INT,
+        "pushed_branch": OPT_STRING,
+    },
     "usage": {
         "input_tokens": INT,
         "output_tokens": INT,
@@ -116,6 +134,10 @@ SAMPLES = [
     PermissionRequest(request_id="p1", description="run rm", command="rm -rf x"),
     PermissionRequest(request_id="p2", description="edit", command=None),
     Usage(input_tokens=10, output_tokens=5, cached_input_tokens=3, cost_usd=0.25),
+    WorkspaceChange(
+        snapshot="0" * 40, added=("a.py",), modified=("b.txt",), added_count=1, lines_added=3
+    ),
+    WorkspaceChange(snapshot="1" * 40, rewound_to=0, complete=False, note="time bound"),
     Usage(input_tokens=7, source="replay"),
     TurnComplete(
         text="done",
