@@ -72,6 +72,74 @@ class Settings(BaseSettings):
     max_turn_timeout_s: float = Field(3600.0, gt=0)
     max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)
 
+    # Work in and out: seeding a run's workspace, snapshots after every turn, diff/export/rewind
+    repo_schemes: CommaList = ("https",)
+    """URL schemes a producer's ``--repo`` may use (https, http, ssh, git, file)."""
+    repo_hosts: CommaList = ("*",)
+    """Hosts a ``--repo`` may name ("*": any public host). A host that resolves to a loopback,
+    private or link-local address is refused unless it is named here."""
+    repo_credentials: Mapping = Field(default_factory=dict)
+    """Per repository host, the worker environment variable holding its git token
+    (``host=VAR,host2=VAR2``): used by the worker for the clone and pushes only."""
+    repo_timeout_s: float = Field(300.0, gt=0)
+    archive_max_bytes: int = Field(100 * 1024 * 1024, gt=0)
+    """The largest ``--archive`` a producer may upload, in bytes."""
+    archive_max_files: int = Field(50_000, gt=0)
+    archive_max_unpacked_bytes: int = Field(2 * 1024**3, gt=0)
+    archive_max_ratio: float = Field(200.0, gt=1)
+    """The largest compression ratio of an archive member (a zip bomb is refused)."""
+    snapshots: bool = True
+    """Snapshot every turn's workspace (the ``workspace`` event, diff, export, rewind)."""
+    snapshot_ignore: CommaList = ("node_modules", "__pycache__", ".venv")
+    """Paths a snapshot skips besides .home and .git: a name matches that name anywhere in
+    the tree (fnmatch patterns allowed), a name with a "/" a path from the workspace."""
+    snapshot_max_file_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    """A larger file is recorded by its hash and size, not its content."""
+    snapshot_max_files: int = Field(200_000, gt=0)
+    snapshot_max_bytes: int = Field(2 * 1024**3, gt=0)
+    snapshot_timeout_s: float = Field(120.0, gt=0)
+    export_max_bytes: int = Field(1024**3, gt=0)
+    """The largest workspace ``harness export`` hands out, uncompressed, in bytes."""
+    workspace_reply_timeout_s: float = Field(120.0, gt=0)
+    """How long diff, export and rewind wait for the run's host to answer."""
+
+    # Spend and limits (issue 18): run budgets, parking on rate limits and quotas, key slots
+    max_run_cost_usd: float = Field(0.0, ge=0)
+    """The largest budget in USD a run may have (0: no ceiling)."""
+    max_run_tokens: int = Field(0, ge=0)
+    """The largest budget in tokens (input, replayed context included, plus output) a run may
+    have (0: no ceiling)."""
+    max_run_turns: int = Field(0, ge=0)
+    """The most turns a run may be allowed (0: no ceiling)."""
+    max_run_wall_s: float = Field(0.0, ge=0)
+    """The most seconds a run's turns may be allowed to run in all (0: no ceiling)."""
+    run_cost_usd: float = Field(0.0, ge=0)
+    """A run's budget in USD when its producer names none (0: the ceiling, if any)."""
+    run_tokens: int = Field(0, ge=0)
+    """A run's budget in tokens when its producer names none (0: the ceiling, if any)."""
+    run_turns: int = Field(0, ge=0)
+    """A run's budget in turns when its producer names none (0: the ceiling, if any)."""
+    run_wall_s: float = Field(0.0, ge=0)
+    """A run's budget in seconds of turns when its producer names none (0: the ceiling)."""
+    on_limit: Literal["park", "fail"] = "park"
+    """A turn that meets a rate limit, or a quota with a reset time: ``park`` the run and send
+    the turn again at the reset (or after a backoff), or ``fail`` (the producer decides)."""
+    max_parks: int = Field(5, ge=0)
+    """The most times one run is parked; the next limit ends its turn for the producer."""
+    park_max_s: float = Field(6 * 3600.0, gt=0)
+    """The longest wait for a reset a run is parked for; a reset further away fails the turn."""
+    backoff_base_s: float = Field(30.0, gt=0)
+    """A rate limit without a reset time parks the run for this, doubled at every park in a
+    row, with jitter (between half and all of it)."""
+    backoff_max_s: float = Field(900.0, gt=0)
+    """The longest such backoff."""
+    key_slots: Mapping = Field(default_factory=dict)
+    """Per grant name, the most turns that may run at once, fleet-wide, on one value of it
+    (``OPENAI_API_KEY=4,ANTHROPIC_API_KEY=2``); a grant not named is not limited."""
+    slot_retry_s: float = Field(2.0, gt=0)
+    """How often a turn waiting for a slot asks again (it is sent back to its queue with this
+    countdown, holding no worker meanwhile)."""
+
     # Turns
     turn_timeout_s: float = Field(1800.0, gt=0)
     idle_timeout_s: float = Field(600.0, gt=0)
@@ -126,11 +194,29 @@ class Settings(BaseSettings):
         "allowed_networks",
         "allowed_executables",
         "harness_queues",
+        "repo_schemes",
+        "repo_hosts",
+        "snapshot_ignore",
         mode="before",
     )
     @classmethod
     def _comma_list(cls, value: object) -> object:
         return _split(value)
+
+    @field_validator("key_slots", mode="before")
+    @classmethod
+    def _slot_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            result: dict[str, str] = {}
+            for item in value.split(","):
+                if not item.strip():
+                    continue
+                name, sep, count = item.partition("=")
+                if not sep or not name.strip() or not count.strip().isdigit():
+                    raise ValueError(f"expected GRANT=N pairs, got {item.strip()!r}")
+                result[name.strip()] = count.strip()
+            return result
+        return value
 
     @field_validator("docker_url", mode="before")
     @classmethod
@@ -149,6 +235,21 @@ class Settings(BaseSettings):
                 if not sep or not name.strip() or not image.strip():
                     raise ValueError(f"expected harness=image pairs, got {item.strip()!r}")
                 result[name.strip()] = image.strip()
+            return result
+        return value
+
+    @field_validator("repo_credentials", mode="before")
+    @classmethod
+    def _credential_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            result: dict[str, str] = {}
+            for item in value.split(","):
+                if not item.strip():
+                    continue
+                host, sep, variable = item.partition("=")
+                if not sep or not host.strip() or not variable.strip():
+                    raise ValueError(f"expected host=VARIABLE pairs, got {item.strip()!r}")
+                result[host.strip().lower()] = variable.strip()
             return result
         return value
 

@@ -5,6 +5,8 @@ HarnessError
 ├── RunNotFound       no such run (CLI exit 1)
 ├── RunBusy           a turn of this run is still in flight (CLI exit 2)
 ├── RunEnded          the run has ended or failed; it takes no more turns (CLI exit 2)
+├── Refused           the run's host refused or failed a diff, export or rewind (no such
+│                     snapshot, over a ceiling, the run busy); the message says why (exit 1)
 ├── Unavailable       Redis or the broker cannot be reached (CLI exit 1); also raised while
 │                     iterating ``events()``, whose caller may resume after the last id seen
 └── TurnWaitTimeout   ``wait()`` or ``follow(wait=...)`` gave up before the turn ended or
@@ -46,6 +48,10 @@ class RunEnded(HarnessError):
         super().__init__(f"run {run_id} is {status}; it takes no more turns")
         self.run_id = run_id
         self.status = status
+
+
+class Refused(HarnessError):
+    exit_code = 1
 
 
 class Unavailable(HarnessError):

@@ -158,9 +158,33 @@ class Keys:
     def credential(self, run_id: str) -> str:
         return f"{self.prefix}:run:{run_id}:credential"
 
+    def upload(self, run_id: str) -> str:
+        """A list of the chunks of the archive a producer uploaded to seed the run (binary;
+        deleted once the first turn has unpacked it, or expires)."""
+        return f"{self.prefix}:run:{run_id}:upload"
+
+    def reply(self, run_id: str, request_id: str) -> str:
+        """A list of the chunks of one diff, export or rewind reply (binary), read and
+        emptied by the producer that asked, expiring if it went away."""
+        return f"{self.prefix}:run:{run_id}:reply:{request_id}"
+
+    def rewinds(self, run_id: str) -> str:
+        """A list of rewinds done since the last turn (JSON): the next turn publishes each as
+        a ``workspace`` event after its ``turn-started``."""
+        return f"{self.prefix}:run:{run_id}:rewinds"
+
+    def workspace_lock(self, run_id: str) -> str:
+        """Held while a rewind rewrites the workspace: a turn waits for it to be released."""
+        return f"{self.prefix}:run:{run_id}:workspace-lock"
+
     def run_keys(self, run_id: str) -> tuple[str, ...]:
         """Keys that share the run's retention."""
-        return (self.run(run_id), self.events(run_id), self.transcript(run_id))
+        return (
+            self.run(run_id),
+            self.events(run_id),
+            self.transcript(run_id),
+            self.rewinds(run_id),
+        )
 
     def runs_index(self) -> str:
         """A set of run ids that may still hold a sandbox (for the reaper)."""

@@ -6,7 +6,14 @@ import re
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from adapters import HARNESS_IDS
 from worker.errors import InvalidInput
@@ -21,6 +28,8 @@ IMAGE_REF = re.compile(
     r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
     r"(?:@sha256:[a-f0-9]{64})?$"
 )
+GIT_REF = re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)(?!.*@\{)[A-Za-z0-9_./-]{1,200}(?<![./])$")
+"""A branch, tag or commit id: no leading "-" (it becomes an argv value), no "..", no "@{"."""
 SESSION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")
 """Vendor session ids travel as argv values (``--resume ID``): never with a leading "-"."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # for one-line fields: newlines and tabs too
@@ -68,6 +77,31 @@ class RunOptions(BaseModel):
     pids: int | None = Field(None, gt=0, le=10_000_000)
     workspace: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     """A durable workspace name shared across runs; None gives the run its own."""
+    max_cost_usd: float | None = Field(None, gt=0, le=1_000_000)
+    """The run's budget in USD (issue 18; ``worker.budgets``), within the operator's ceiling."""
+    max_tokens: int | None = Field(None, gt=0, le=10**12)
+    """The run's budget in tokens, input (replayed context included) plus output."""
+    max_turns: int | None = Field(None, gt=0, le=1_000_000)
+    """The most turns the run may begin (turns the worker sends again after a park count)."""
+    max_wall_s: float | None = Field(None, gt=0, le=10**9)
+    """The most seconds the run's turns may run in all."""
+    on_limit: Literal["park", "fail"] | None = None
+    """A turn that meets a rate limit or a quota with a reset: park the run until the reset
+    and send the turn again (``park``), or end it there (``fail``); None: the operator's
+    HARNESS_ON_LIMIT."""
+    producer: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")
+    """Who submitted the run: turns waiting for a concurrency slot of a key are served
+    fairly across producers (``worker.slots``)."""
+    repo: str | None = Field(None, max_length=2000)
+    """A git repository the worker clones into the workspace before the first turn."""
+    ref: str | None = None
+    """The branch, tag or commit of ``repo`` (default: the remote's HEAD)."""
+    archive: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    """The SHA-256 of an archive the producer uploaded for the worker to unpack into the
+    workspace (the client sets it; the upload is checked against it)."""
+    archive_bytes: int | None = Field(None, ge=0)
+    push_branch: str | None = None
+    """A branch of ``repo`` the worker pushes each turn's snapshot to, as a commit."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -155,6 +189,35 @@ class RunOptions(BaseModel):
             raise ValueError(f"invalid base URL {shown(value)}: expected http(s)://host[/path]")
         return value
 
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not value.strip() or _CONTROL.search(value) or value.startswith("-") or " " in value
+        ):
+            raise ValueError(f"invalid repository URL {shown(value)}")
+        return value
+
+    @field_validator("ref", "push_branch")
+    @classmethod
+    def _git_ref(cls, value: str | None) -> str | None:
+        if value is not None and not GIT_REF.fullmatch(value):
+            raise ValueError(
+                f"{shown(value)} is not a git branch, tag or commit: letters, digits, '_', "
+                "'.', '/' or '-', not starting with '-', without '..'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_seed(self) -> RunOptions:
+        if self.repo and self.archive:
+            raise ValueError("a run is seeded from --repo or from --archive, not both")
+        if self.ref and not self.repo:
+            raise ValueError("--ref needs --repo")
+        if self.push_branch and not self.repo:
+            raise ValueError("--push-branch needs --repo (it pushes to the seed repository)")
+        return self
+
     @field_validator("executable")
     @classmethod
     def _executable(cls, value: str | None) -> str | None:
@@ -192,6 +255,8 @@ _EXPECTED_FORM = {
     "memory": "a memory size: a number of bytes, or a number followed by b, k, m or g (512m, 2g)",
     "workspace": "a workspace name: 1 to 64 letters, digits, '_', '.' or '-', starting with "
     "a letter or a digit",
+    "archive": "the SHA-256 of the uploaded archive (64 hex digits)",
+    "producer": "a producer id: 1 to 64 letters, digits, '_', '.', ':', '@' or '-'",
 }
 """What a field with a ``pattern`` expects, in words: pydantic's own message would print
 the regular expression to the producer."""

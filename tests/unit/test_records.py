@@ -271,6 +271,7 @@ def test_transcript_appends_in_order(created: RunStore) -> None:
 def test_expire_sets_ttl_on_run_keys(created: RunStore, client: fakeredis.FakeRedis) -> None:
     created.append_transcript(RUN, 1, "q", "a")
     client.xadd(KEYS.events(RUN), {"type": "x"}, id="1-0")
+    client.rpush(KEYS.rewinds(RUN), "{}")
     created.expire(RUN, 100)
     for key in KEYS.run_keys(RUN):
         assert 0 < client.ttl(key) <= 100
