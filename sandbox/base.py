@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 NetworkPolicy = Literal["none", "bridge", "host"]
@@ -140,6 +141,8 @@ class Process(Protocol):
 
 class Sandbox(Protocol):
     backend: str
+    root: Path
+    """Where the backend keeps workspaces, leases and snapshots on this host."""
 
     def prepare(self, spec: RunSpec) -> Placement: ...
 

@@ -6,6 +6,8 @@ TASK_RUN_TURN = "harness.run_turn"
 TASK_END_RUN = "harness.end_run"
 TASK_REAP = "harness.reap"
 TASK_REAP_HOST = "harness.reap_host"
+TASK_WORKSPACE = "harness.workspace"
+"""Diff, export or rewind of a run's workspace, sent to the run's host queue."""
 
 
 def harness_queue(harness: str, prefix: str = "harness") -> str:

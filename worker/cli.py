@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import adapters
 from adapters import HARNESS_IDS
 from config import SettingsError
+from worker import cli_workspace
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
 from worker.policy import not_utf8
 from worker.render import Renderer
@@ -125,6 +126,7 @@ COMMAND_EXITS = {
     "end": _RECORD_EXITS,
     "reap": "0 done, 1 a sandbox backend could not be asked",
     "doctor": "0 every check passed (warnings allowed), 1 a check failed",
+    **cli_workspace.EXITS,
 }
 """Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
 
@@ -278,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--pids", type=int, metavar="N", help=f"container process limit, {OPERATOR_BOUND}"
     )
+    cli_workspace.add_seed_options(run, OPERATOR_BOUND)
     follow_flags(run)
     output_flags(run, "one JSON object per line: {run_id, turn}, then the events")
 
@@ -342,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_id(end)
     output_flags(end, "one JSON object: {run_id, status, note}")
+
+    cli_workspace.add_commands(command, run_id)
 
     reap = command("reap", "remove sandboxes whose run is gone or whose lease expired")
     output_flags(reap, 'one JSON object per line: {"removed": ...} or {"unreachable": ...}')
@@ -421,6 +426,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             memory=args.memory,
             cpus=args.cpus,
             pids=args.pids,
+            **cli_workspace.seed_options(args),
         )
         for warning in _ignored_options(args, client.settings.sandbox):
             print(f"harness: warning: {warning}", file=sys.stderr)
@@ -444,6 +450,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         ):
             renderer.event(item)
         return 0
+    if args.command in cli_workspace.COMMANDS:
+        return cli_workspace.dispatch(args, client, renderer)
     if args.command == "status":
         record = client.status(args.run_id)
         renderer.record(record)

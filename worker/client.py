@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from pathlib import Path
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 import redis
 from celery import Celery
@@ -26,13 +27,22 @@ from config import Settings, load_settings
 from worker import credentials, hosts
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
-from worker.errors import HarnessError, InvalidInput, RunNotFound, TurnWaitTimeout, Unavailable
+from worker.errors import (
+    HarnessError,
+    InvalidInput,
+    RunBusy,
+    RunEnded,
+    RunNotFound,
+    TurnWaitTimeout,
+    Unavailable,
+)
 from worker.keys import Keys, SyncRedis
 from worker.policy import check_input, resolve
 from worker.records import IN_FLIGHT, RunStore
 from worker.redis_client import redis_client
 from worker.spec import TurnPayload, check_run_id, new_run_id, parse_options
 from worker.turn_life import TurnRef, end_unclaimed_turn
+from worker.workspace_client import WorkspaceRequests
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")
@@ -109,6 +119,10 @@ def _after_previous_turn(turn: int) -> str:
     return "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
 
 
+def _no_data(_: bytes) -> None:
+    """A rewind's reply has no data chunks, only its facts."""
+
+
 def _entry(entry_id: str, fields: dict[str, str]) -> StreamEvent:
     return StreamEvent(entry_id, fields["type"], json.loads(fields["data"]), float(fields["ts"]))
 
@@ -161,7 +175,14 @@ class HarnessClient:
             self._app = create_app(self.settings)
         return self._app
 
+    @functools.cached_property
+    def workspace(self) -> WorkspaceRequests:
+        """Archive uploads and diff, export and rewind requests (binary Redis traffic)."""
+        return WorkspaceRequests(self.settings, self.keys, self.redis, lambda: self.app)
+
     def close(self) -> None:
+        if "workspace" in self.__dict__:
+            self.workspace.close()
         self.redis.close()
 
     @_translate
@@ -177,8 +198,13 @@ class HarnessClient:
 
         ``options`` are those of ``harness run``: model, system_prompt, posture, allow, deny,
         grants, sandbox, image, network, resume_session, base_url, executable, timeout_s,
-        workspace. Refused with InvalidInput (nothing created) when invalid or beyond policy.
+        workspace, repo, ref, push_branch, and ``archive`` (a path: the archive is uploaded
+        through Redis and unpacked into the workspace by the worker). Refused with
+        InvalidInput (nothing created) when invalid or beyond policy.
         """
+        archive = options.pop("archive", None)
+        if archive is not None:
+            options["archive"] = "0" * 64  # validated with the options; replaced below
         for name in ("allow", "deny", "grants"):
             value = options.get(name)
             if value is None:
@@ -192,6 +218,9 @@ class HarnessClient:
         resolved = resolve(run_options, self.settings)
         check_input(input, self.settings)
         run_id = new_run_id()
+        if archive is not None:
+            digest, size = self.workspace.upload_archive(run_id, Path(archive))
+            run_options = run_options.model_copy(update={"archive": digest, "archive_bytes": size})
         queue = harness_queue(harness, self.settings.key_prefix)
         self.store.create(run_id, run_options, queue=queue, sandbox=resolved.sandbox)
         self._send(run_id, 1, input, queue)
@@ -232,7 +261,11 @@ class HarnessClient:
         try:
             if turn == 1:
                 pipe = self.redis.pipeline()
-                pipe.delete(self.keys.turn_queued(run_id, turn), *self.keys.run_keys(run_id))
+                pipe.delete(
+                    self.keys.turn_queued(run_id, turn),
+                    self.keys.upload(run_id),
+                    *self.keys.run_keys(run_id),
+                )
                 pipe.srem(self.keys.runs_index(), run_id)
                 pipe.execute()
                 return "the run was not created"
@@ -416,6 +449,71 @@ class HarnessClient:
         raise TurnWaitTimeout(
             run_id, turn, f"turn {turn} of run {run_id} did not end within {timeout:g}s"
         )
+
+    # -- work out ---------------------------------------------------------------------------
+
+    @_translate
+    def diff(
+        self,
+        run_id: str,
+        *,
+        turn: int | None = None,
+        from_turn: int | None = None,
+        to_turn: int | None = None,
+        out: BinaryIO | None = None,
+    ) -> bytes:
+        """A unified diff of the run's workspace, from the run's host: what turn ``turn``
+        changed, or from snapshot ``from_turn`` (default: the first) to ``to_turn`` (default:
+        the last). Binary files are named, not dumped. Written to ``out`` when given (then
+        returns b""), else returned. Refused when there is no such snapshot."""
+        check_run_id(run_id)
+        if turn is not None and (from_turn is not None or to_turn is not None):
+            raise InvalidInput("give either a turn, or from and to turns, not both")
+        if turn is not None:
+            from_turn, to_turn = max(turn - 1, 0), turn
+        if from_turn is None and to_turn is not None:
+            from_turn = 0
+        parts: list[bytes] = []
+        sink = out.write if out is not None else parts.append
+        self.workspace.ask(
+            run_id, self._queue(run_id), "diff", sink, turn=to_turn, from_turn=from_turn
+        )
+        return b"".join(parts)
+
+    @_translate
+    def export(self, run_id: str, path: str | Path, *, turn: int | None = None) -> dict[str, Any]:
+        """Write a tar.gz of the workspace as it was after ``turn`` (default: the last) to
+        ``path``; the reply's facts (``turn``, ``bytes``). Refused above the operator's
+        HARNESS_EXPORT_MAX_BYTES; nothing is left at ``path`` then."""
+        check_run_id(run_id)
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            with partial.open("wb") as out:
+                facts = self.workspace.ask(
+                    run_id, self._queue(run_id), "export", out.write, turn=turn
+                )
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return facts
+
+    @_translate
+    def rewind(self, run_id: str, turn: int) -> dict[str, Any]:
+        """Put the workspace back as it was after ``turn`` (0: as seeded); the next turn sees
+        it, and publishes the rewind as a ``workspace`` event. Returns that event's data.
+        RunBusy while a turn is in flight."""
+        check_run_id(run_id)
+        record = self.store.get(run_id)
+        if record["status"] in IN_FLIGHT:
+            raise RunBusy(run_id, record.get("current_turn"))
+        if record["status"] in ("ended", "failed"):
+            raise RunEnded(run_id, record["status"])
+        return self.workspace.ask(run_id, record.get("queue"), "rewind", _no_data, turn=turn)
+
+    def _queue(self, run_id: str) -> str | None:
+        queue: str | None = self.store.get(run_id).get("queue")
+        return queue
 
     # -- stopping ---------------------------------------------------------------------------
 

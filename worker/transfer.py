@@ -23,7 +23,6 @@ from typing import Any, BinaryIO, Protocol, cast
 
 import redis
 
-from config import Settings
 from worker.errors import InvalidInput, Refused, Unavailable
 
 CHUNK_BYTES = 1024 * 1024
@@ -58,11 +57,11 @@ class ReaderGone(Exception):
     """The producer stopped reading the reply (the writer stops and cleans up)."""
 
 
-def binary_client(settings: Settings) -> BinaryRedis:
+def binary_client(redis_url: str) -> BinaryRedis:
     return cast(
         BinaryRedis,
         redis.Redis.from_url(
-            settings.redis_url,
+            redis_url,
             decode_responses=False,
             socket_connect_timeout=5,
             socket_timeout=60,
