@@ -20,6 +20,7 @@ from typing import Any
 SCENARIOS: tuple[str, ...] = (
     "text",
     "tool",
+    "edit",
     "http-429",
     "http-401",
     "quota",
@@ -34,6 +35,9 @@ TEXT_ANSWER = "Hello from the fake model."
 TOOL_COMMAND = "echo tool-ran-$((6*7))"
 """The shell command of the ``tool`` scenario; it prints ``tool-ran-42``."""
 TOOL_OUTPUT = "tool-ran-42"
+EDIT_COMMAND = "echo agent-line >> README.md && echo made-by-agent > agent.txt && echo edit-ran"
+"""The shell command of the ``edit`` scenario: it changes README.md, adds agent.txt (in the
+harness's working directory, the workspace) and prints ``edit-ran``."""
 TOOL_DESCRIPTION = "Print the tool marker"
 TOOL_FINAL_PREFIX = "Done. The command printed: "
 """The ``tool`` scenario's final answer is this prefix plus the tool result's text (trimmed)."""

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from tests.fakemodel.apis import APIS, Answer, Chat, Gemini, sse
 from tests.fakemodel.scenarios import (
     DEFAULT_SLOW_DELAY_S,
+    EDIT_COMMAND,
     SCENARIOS,
     SLOW_CHUNKS,
     TEXT_ANSWER,
@@ -274,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _answer(conv: Conversation, scenario: str, model: str) -> Answer:
-        if scenario == "tool":
+        if scenario in ("tool", "edit"):
             results = conv.tool_results()
             if results:
                 return Answer(model, (final_tool_text(results),))
@@ -283,7 +284,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return Answer(
                     model,
                     tool_name=str(tool["name"]),
-                    tool_args=shell_arguments(tool, TOOL_COMMAND),
+                    tool_args=shell_arguments(
+                        tool, EDIT_COMMAND if scenario == "edit" else TOOL_COMMAND
+                    ),
                 )
             return Answer(model, (TEXT_ANSWER,))
         if scenario == "slow":
