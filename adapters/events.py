@@ -29,6 +29,7 @@ ErrorReason = Literal[
     "sandbox",
     "invalid-input",
     "internal",
+    "budget",
 ]
 
 #: Default ``retryable`` per reason, as CONTRACT.md's table states it.
@@ -45,6 +46,7 @@ RETRYABLE_BY_DEFAULT: dict[str, bool] = {
     "sandbox": True,
     "invalid-input": False,
     "internal": True,
+    "budget": False,
 }
 
 
@@ -160,6 +162,16 @@ class Usage(_Event):
     source: UsageSource = "harness"
 
 
+class Parked(_Event):
+    """Not terminal: the turn met a rate limit or a quota and the worker sends its input again
+    as the run's next turn (``next_turn``) at ``resume_at`` (unix time); its terminal follows."""
+
+    type: Literal["parked"] = "parked"
+    resume_at: float
+    reason: ErrorReason
+    next_turn: int
+
+
 class TurnComplete(_Event):
     type: Literal["turn-complete"] = "turn-complete"
     text: str
@@ -197,6 +209,7 @@ Event = Annotated[
     | PermissionRequest
     | WorkspaceChange
     | Usage
+    | Parked
     | TurnComplete
     | SessionError,
     Field(discriminator="type"),
@@ -210,6 +223,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "permission-request",
     "workspace",
     "usage",
+    "parked",
     "turn-complete",
     "session-error",
 )

@@ -129,8 +129,32 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         error = coerce.text(message.get("message")) or "the harness reported an error"
         if state.offered_session is not None and message.get("code") == "session-not-found":
             state.resume_rejected = True
-        return [session_error(error, "harness-error")]
+        return [_error_event(error, message)]
     return []
+
+
+# What a harness may report of its own error: a worker-side reason (a cancel, a lost worker)
+# or ``budget`` is the worker's to say, never the harness's.
+_HARNESS_REASONS: frozenset[str] = frozenset({"rate-limited", "quota", "auth", "harness-error"})
+
+
+def _error_event(error: str, message: dict[str, Any]) -> Event:
+    """An ``error`` line as a ``session-error``: its ``reason`` when it is one a harness may
+    report (else ``harness-error``), ``retry_after_s`` when a non-negative number. A quota
+    is retryable only with a reset time, as the contract says."""
+    reason = message.get("reason")
+    if reason not in _HARNESS_REASONS:
+        reason = "harness-error"
+    after = message.get("retry_after_s")
+    retry_after = (
+        float(after)
+        if isinstance(after, int | float) and not isinstance(after, bool) and 0 <= after < 1e9
+        else None
+    )
+    retryable = None
+    if reason == "quota":
+        retryable = retry_after is not None
+    return session_error(error, reason, retryable=retryable, retry_after_s=retry_after)  # type: ignore[arg-type]
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:

@@ -74,11 +74,17 @@ class Publishing:
         self.usage = UsageTotals()
         self.sessions: list[Session] = []
         self.text_parts: list[str] = []
+        self.guard: Callable[[UsageTotals], SessionError | None] | None = None
+        """Told the turn's usage after each ``usage`` event (the run's budget,
+        :class:`worker.budgets.Guard`); what it returns stops the harness (:attr:`halt`)."""
+        self.halt: SessionError | None = None
 
     def send(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, Usage):
                 self.usage.add(event)
+                if self.guard is not None and self.halt is None:
+                    self.halt = self.guard(self.usage)
             elif isinstance(event, Session):
                 self.sessions.append(event)
         self.publisher.publish(events)
@@ -143,6 +149,9 @@ def drive(
             if stdout:
                 events = driver.feed(stdout[0] if len(stdout) == 1 else b"".join(stdout))
                 out.send([e for e in events if not e.terminal])
+                if out.halt is not None and not driver.done:
+                    stop = out.halt  # a budget crossed: stopped at once, as a cancel is
+                    break
     finally:
         ending = stop is None and process.eof
         exit_code = process.wait(min(EXIT_AFTER_EOF_S, limits.exit_grace_s) if ending else 0)

@@ -186,6 +186,15 @@ class Keys:
             self.rewinds(run_id),
         )
 
+    def slots(self, credential: str, part: str) -> str:
+        """One part (``holders``, ``waiting``, ``who``, ``seen``) of the concurrency slots of
+        a credential, named by a hash of its value (worker/slots.py)."""
+        return f"{self.prefix}:slots:{credential}:{part}"
+
+    def slots_index(self) -> str:
+        """A set of the credential hashes that have slots (for the reaper)."""
+        return f"{self.prefix}:slots"
+
     def runs_index(self) -> str:
         """A set of run ids that may still hold a sandbox (for the reaper)."""
         return f"{self.prefix}:runs:active"

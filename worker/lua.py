@@ -21,7 +21,7 @@ BEGIN_TURN = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-1, ''} end
 if status == 'ended' or status == 'failed' then return {-3, status} end
-if status == 'starting' or status == 'running' then
+if status == 'starting' or status == 'running' or status == 'parked' then
   return {-2, redis.call('HGET', KEYS[1], 'current_turn') or ''}
 end
 local turn = redis.call('HINCRBY', KEYS[1], 'turns', 1)
@@ -52,7 +52,7 @@ end
 local current = redis.call('HGET', KEYS[1], 'current_turn')
 if current ~= ARGV[1] then return 0 end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'running' or status == 'starting' then
+if status == 'running' or status == 'starting' or status == 'parked' then
   redis.call('HSET', KEYS[1], 'status', ARGV[2])
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[3])
@@ -88,12 +88,111 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# Park a run (worker/parking.py): its limited turn sends its input again as the next turn.
+# Begins that turn (turns + 1, current_turn) with the run parked until ARGV[2], counts the
+# park. Only for the run's current turn, still in flight.
+# KEYS: run record. ARGV: turn, resume_at, now. Returns the next turn's number, or 0.
+PARK_TURN = """
+if redis.call('HGET', KEYS[1], 'current_turn') ~= ARGV[1] then return 0 end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'running' and status ~= 'starting' then return 0 end
+local turn = redis.call('HINCRBY', KEYS[1], 'turns', 1)
+local parks = tonumber(redis.call('HGET', KEYS[1], 'parks') or '') or 0
+redis.call('HSET', KEYS[1], 'current_turn', turn, 'status', 'parked', 'resume_at', ARGV[2],
+  'parks', parks + 1, 'updated_at', ARGV[3])
+return turn
+"""
+
+# The parked run's turn was taken by a worker: the run is running again.
+# KEYS: run record. ARGV: turn, now. Returns 1 when it was parked on that turn.
+RESUME_TURN = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'parked' then return 0 end
+if redis.call('HGET', KEYS[1], 'current_turn') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'running', 'resume_at', '', 'updated_at', ARGV[2])
+return 1
+"""
+
+# Take a concurrency slot of one credential (worker/slots.py), fairly across producers.
+# KEYS: holders (zset: member -> lapses at), waiting (zset: member -> first asked), who (hash:
+# member -> producer), seen (hash: member -> last asked). ARGV: member, producer, limit, now,
+# hold backstop (s), forget a waiter silent this long (s).
+# Returns {1, 0, waiting} when the member holds a slot, else {0, its place (1 is next), waiting}.
+SLOT_TAKE = """
+local now = tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local seen = redis.call('HGETALL', KEYS[4])
+for i = 1, #seen, 2 do
+  if tonumber(seen[i + 1]) < now - tonumber(ARGV[6]) then
+    redis.call('ZREM', KEYS[2], seen[i])
+    redis.call('HDEL', KEYS[4], seen[i])
+    if not redis.call('ZSCORE', KEYS[1], seen[i]) then redis.call('HDEL', KEYS[3], seen[i]) end
+  end
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {1, 0, redis.call('ZCARD', KEYS[2])}
+end
+redis.call('ZADD', KEYS[2], 'NX', now, ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[1], now)
+local held = {}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local p = redis.call('HGET', KEYS[3], m) or ''
+  held[p] = (held[p] or 0) + 1
+end
+local waiting = redis.call('ZRANGE', KEYS[2], 0, -1)
+local rank = {}
+local order = {}
+for i, m in ipairs(waiting) do
+  local p = redis.call('HGET', KEYS[3], m) or ''
+  local k = rank[p] or held[p] or 0
+  rank[p] = k + 1
+  order[#order + 1] = {k, i, m}
+end
+table.sort(order, function(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  return a[2] < b[2]
+end)
+local place = 0
+for j, o in ipairs(order) do
+  if o[3] == ARGV[1] then place = j break end
+end
+local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
+if place >= 1 and place <= free then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
+  return {1, 0, #waiting - 1}
+end
+return {0, place, #waiting}
+"""
+
+# Give a slot back (or stop waiting for one).
+# KEYS: holders, waiting, who, seen. ARGV: member. Returns 1 when it held a slot.
+SLOT_RELEASE = """
+local held = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return held
+"""
+
+# The holders of one credential's slots with when each hold lapses.
+# KEYS: holders. Returns {member, lapses at, ...}.
+SLOT_HOLDERS = """
+return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+"""
+
 SOURCES: dict[str, str] = {
     "begin_turn": BEGIN_TURN,
     "finish_turn": FINISH_TURN,
     "mark_running": MARK_RUNNING,
     "claim_turn": CLAIM_TURN,
     "delete_if_mine": DELETE_IF_MINE,
+    "park_turn": PARK_TURN,
+    "resume_turn": RESUME_TURN,
+    "slot_take": SLOT_TAKE,
+    "slot_release": SLOT_RELEASE,
+    "slot_holders": SLOT_HOLDERS,
 }
 
 
@@ -140,6 +239,44 @@ class Scripts:
 
     def delete_if_mine(self, key: str, value: str) -> bool:
         return bool(self._call("delete_if_mine", [key], [value]))
+
+    def park_turn(self, record: str, turn: int, resume_at: float, now: float) -> int:
+        reply = self._call("park_turn", [record], [str(turn), repr(resume_at), now])
+        assert isinstance(reply, int)
+        return reply
+
+    def resume_turn(self, record: str, turn: int, now: float) -> bool:
+        return bool(self._call("resume_turn", [record], [str(turn), now]))
+
+    def slot_take(
+        self,
+        holders: str,
+        waiting: str,
+        who: str,
+        seen: str,
+        member: str,
+        producer: str,
+        limit: int,
+        now: float,
+        backstop_s: float,
+        forget_after_s: float,
+    ) -> tuple[bool, int, int]:
+        reply = self._call(
+            "slot_take",
+            [holders, waiting, who, seen],
+            [member, producer, limit, repr(now), backstop_s, forget_after_s],
+        )
+        assert isinstance(reply, list)
+        got, place, count = reply
+        return bool(got), int(place), int(count)
+
+    def slot_release(self, holders: str, waiting: str, who: str, seen: str, member: str) -> bool:
+        return bool(self._call("slot_release", [holders, waiting, who, seen], [member]))
+
+    def slot_holders(self, holders: str) -> list[tuple[str, float]]:
+        reply = self._call("slot_holders", [holders], [])
+        assert isinstance(reply, list)
+        return [(str(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
 
 
 _registered: weakref.WeakKeyDictionary[RedisClient, Scripts] = weakref.WeakKeyDictionary()

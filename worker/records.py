@@ -23,7 +23,7 @@ from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.keys import Keys, RedisClient
 from worker.spec import RunOptions
 
-RunStatus = Literal["starting", "running", "idle", "ended", "failed"]
+RunStatus = Literal["starting", "running", "idle", "parked", "ended", "failed"]
 
 CONTRACT_FIELDS = (
     "run_id",
@@ -84,6 +84,25 @@ class RunRecord(BaseModel):
     lease_until: float | None = None
     """Unix time until which the run's sandbox is kept without a turn."""
     warnings: list[str] | None = None
+    seed: str | None = None
+    """What the workspace was seeded from: ``repo URL@commit`` or ``archive sha256:...``."""
+    snapshot: str | None = None
+    """The id of the workspace's latest snapshot (after a turn or a rewind)."""
+    budget: dict[str, Any] = Field(default_factory=dict)
+    """The run's budget (``worker.budgets``): ``max_cost_usd``, ``max_tokens``, ``max_turns``,
+    ``max_wall_s`` (null: none), as set at the start and raised by ``harness budget``."""
+    budget_exceeded: dict[str, Any] | None = None
+    """Which budget stopped or refused the last turn and by how much (``budget``, ``limit``,
+    ``used``, ``over_by``); cleared when the budget is raised past it."""
+    wall_s: float = 0.0
+    """Seconds the run's turns have run, in all."""
+    resume_at: float | None = None
+    """While ``parked``: unix time at which the worker sends the turn again."""
+    parks: int = 0
+    """Times the run was parked in a row (reset by a turn that is not limited)."""
+    slot_wait: dict[str, Any] | None = None
+    """While the current turn waits for a concurrency slot of a key (``worker.slots``):
+    ``grant``, ``place`` (1 is next), ``waiting``, ``limit``, ``since``."""
 
     @classmethod
     def decode(cls, raw: Mapping[str, str]) -> RunRecord:
@@ -119,6 +138,14 @@ class RecordChanges(TypedDict, total=False):
     carry: dict[str, Any]
     lease_until: float | None
     warnings: list[str] | None
+    seed: str | None
+    snapshot: str | None
+    budget: dict[str, Any]
+    budget_exceeded: dict[str, Any] | None
+    wall_s: float
+    resume_at: float | None
+    parks: int
+    slot_wait: dict[str, Any] | None
 
 
 def encode(fields: Mapping[str, Any]) -> dict[str, str]:

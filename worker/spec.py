@@ -234,6 +234,9 @@ class TurnPayload(BaseModel):
     run_id: str
     turn: int = Field(ge=1)
     input: str
+    not_before: float | None = None
+    """Unix time before which the turn must not run: a parked run's turn, sent with a
+    countdown to its reset (worker/parking.py); a copy delivered early is sent on again."""
 
     @field_validator("run_id")
     @classmethod

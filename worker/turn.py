@@ -29,7 +29,7 @@ from adapters.events import (
 from adapters.protocol import TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
-from worker import attempt, credentials, logs, metrics
+from worker import attempt, budgets, credentials, logs, metrics, parking, slots
 from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
 from worker.policy import check_input, fit_request, resolve, resolve_secrets
@@ -59,8 +59,15 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
         return "unknown-run"
 
     life = TurnLife(deps, run_id, turn, options.harness)
+    if parking.defer_if_early(deps, payload):
+        return "deferred"
+    hold = slots.take(deps, payload, options)
+    if hold is None:
+        return "waiting-for-slot"
     if not life.claim(delivery):
+        hold.release()
         return _redelivered(deps, run_id, turn, options)
+    parking.resumed(deps, run_id, turn)
 
     logs.bind(harness=options.harness)
     log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
@@ -82,6 +89,7 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
         deps.shutdown.leave()
         metrics.turn_finished(options.harness, outcome, started)
         life.release()
+        hold.release()
     return outcome
 
 
@@ -114,13 +122,20 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         return refuse(
             session_error(str(exc), "invalid-input"), run_status=_status_after_refusal(turn)
         )
+    record = wait(lambda: deps.store.record(run_id))
+    over = budgets.refusal(record, settings)
+    if over is not None:
+        wait(lambda: deps.store.update(run_id, budget_exceeded=over.exceeded))
+        return refuse(over.error("before the turn"))
+    guard = budgets.Guard(record, settings)
+    if guard.active:
+        out.guard = guard.on_usage
     secrets[CREDENTIAL_ENV] = life.issue_credential()
     logs.mask(secrets)
     out.publisher = RedisStreamPublisher(
         deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
     )
 
-    record = wait(lambda: deps.store.record(run_id))
     sandbox = deps.sandbox_for(resolved.sandbox)
     host_queue = deps.host_queues.get(sandbox.backend) or record.queue
     if host_queue != record.queue:
@@ -190,7 +205,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         settings.kill_grace_s,
         settings.max_line_bytes,
     )
-    stop = life.stop_check()
+    stop = guard.stop_check(life.stop_check(), out)
 
     outcome, driver = _attempt(
         adapter, request, sandbox, placement, secrets, out, limits, stop, 1, started
@@ -225,15 +240,23 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         )
 
     final_text = terminal.text if isinstance(terminal, TurnComplete) else None
-    return _close(
+    refused_next = guard.next_turn_refusal(out.usage) is not None
+    parked = parking.park(deps, payload, options, record, terminal, refused_next)
+    if parked is not None:
+        out.send([parked.event])  # before the terminal: the turn's retry is scheduled
+    label = _close(
         payload,
         out,
         life,
         terminal,
-        run_status="idle",
+        run_status="parked" if parked is not None else "idle",
         final_text=final_text,
         carry=driver.state.carry,
+        spend=guard.changes(),
     )
+    if parked is not None:
+        parking.dispatch(deps, parked)
+    return label
 
 
 def _explain_kill(terminal: Event, sandbox: Sandbox, run_id: str) -> Event:
@@ -363,6 +386,7 @@ def _close(
     run_status: RunStatus,
     final_text: str | None,
     carry: dict[str, Any] | None = None,
+    spend: dict[str, Any] | None = None,
 ) -> str:
     """The facts the run record keeps of this turn, then its one terminal event."""
     # Everything the harness said may carry a granted value it printed: mask what Redis keeps.
@@ -370,6 +394,8 @@ def _close(
     changes = RecordChanges()
     if carry:
         changes["carry"] = carry
+    if spend:
+        changes.update(spend)  # type: ignore[typeddict-item]
     for session in out.sessions:
         changes["session_id"] = mask(session.session_id)
         changes["resumed"] = session.resumed

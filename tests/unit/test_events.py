@@ -71,6 +71,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "cost_usd": OPT_NUMBER,
         "source": STRING,
     },
+    "parked": {"resume_at": NUMBER, "reason": STRING, "next_turn": INT},  # issue 18
     "turn-complete": {
         "text": STRING,
         "session_id": OPT_STRING,
@@ -106,6 +107,7 @@ CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
         "sandbox",
         "invalid-input",
         "internal",  # CONTRACT.md, "Next additions"
+        "budget",  # CONTRACT.md, "Next additions"
     },
 }
 
@@ -123,6 +125,7 @@ CONTRACT_RETRYABLE = {
     "sandbox": True,
     "invalid-input": False,
     "internal": True,
+    "budget": False,  # CONTRACT.md, "Next additions": a run budget is spent
 }
 
 SAMPLES = [
