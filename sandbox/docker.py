@@ -69,6 +69,7 @@ from sandbox.docker_container import (
 from sandbox.docker_exec import GONE_HINT, DockerProcess, ExecTransport
 from sandbox.docker_stream import RawEndpoint
 from sandbox.placements import KnownPlacements
+from sandbox.snapshots import SnapshotStore
 from sandbox.warm_pool import POOL_PREFIX, ContainerPool
 from sandbox.workspace import LeaseFiles, safe_name, workspace_dir
 
@@ -261,6 +262,7 @@ class DockerSandbox:
                 extra={"run_id": run_id, "error": str(exc), "step": "remove container"},
             )
         self._leases.remove(run_id)
+        SnapshotStore(self.root, run_id).remove()  # the run's record of its work goes with it
         if not keep_workspace:
             try:
                 shutil.rmtree(workspace_dir(self.root, run_id))

@@ -28,6 +28,7 @@ from sandbox.base import (
     StartFailed,
 )
 from sandbox.chunks import ChunkQueue
+from sandbox.snapshots import SnapshotStore
 from sandbox.workspace import safe_name, workspace_dir
 
 log = logging.getLogger(__name__)
@@ -299,6 +300,7 @@ class LocalSandbox:
         except SandboxError:
             return
         _kill_recorded_groups(meta_path)
+        SnapshotStore(self.root, run_id).remove()  # the run's record of its work goes with it
         if not keep_workspace:
             shutil.rmtree(self.root / "run" / run_id, ignore_errors=True)
         meta_path.unlink(missing_ok=True)

@@ -23,7 +23,7 @@ from worker.records import IN_FLIGHT
 from worker.spec import RUN_ID
 from worker.transfer import BinaryRedis, ReaderGone, ReplyWriter
 from worker.turn_deps import TurnDeps
-from worker.workspace_steps import change_event, encode_rewind, run_workspace
+from worker.workspace_steps import RunWorkspace, change_event, encode_rewind, run_workspace
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +105,17 @@ def _serve(deps: TurnDeps, request: WorkspaceRequest, writer: ReplyWriter) -> st
         size = work.store.export(turn, writer, deps.settings.export_max_bytes)
         writer.end({"turn": turn, "bytes": size})
         return "export"
-    return _rewind(deps, request, writer, work, turn, record.status)
+    return _rewind(deps, request, writer, work, turn, record.status, record.turns)
 
 
 def _rewind(
     deps: TurnDeps,
     request: WorkspaceRequest,
     writer: ReplyWriter,
-    work: Any,
+    work: RunWorkspace,
     turn: int,
     status: str,
+    last_turn: int,
 ) -> str:
     run_id = request.run_id
     lock = deps.keys.workspace_lock(run_id)
@@ -131,7 +132,7 @@ def _rewind(
         if status in IN_FLIGHT:
             writer.fail(f"run {run_id} is {status}: a rewind needs an idle run")
             return "refused:rewind"
-        summary = work.store.restore(work.path, turn, work.uid, work.gid)
+        summary = work.store.restore(work.path, turn, work.uid, work.gid, as_turn=last_turn)
         pipe = deps.redis.pipeline(transaction=False)
         pipe.execute_command("RPUSH", deps.keys.rewinds(run_id), encode_rewind(summary))
         pipe.execute()

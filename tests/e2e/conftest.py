@@ -299,6 +299,9 @@ def deployment(
         HARNESS_GRANTS=GRANTS,
         HARNESS_RETENTION_S="3600",
         HARNESS_CONCURRENCY="4",
+        # Work in and out (tests/e2e/test_work_in_out.py): seeds from a git server on loopback.
+        HARNESS_REPO_SCHEMES="http",
+        HARNESS_REPO_HOSTS="127.0.0.1",
     )
     client = docker.from_env()
     with FakeModelServer() as fake:
