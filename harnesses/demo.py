@@ -24,6 +24,9 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @ignore-term           ignore SIGTERM from now on
   @fork N                start N children that ignore SIGTERM and sleep
   @error MESSAGE         an error line (terminal)
+  @limit N REASON [S]    the first N times this line runs in the run (counted in $HOME): an
+                         error line with that reason (rate-limited, quota, ...) and
+                         retry_after_s S when given (terminal); later, nothing
   @complete TEXT         a complete line (terminal)
   @exit CODE             exit now, without a terminal line
   @twice                 two complete lines (the second must be dropped)
@@ -34,6 +37,7 @@ the named session when it exists and fails with code ``session-not-found`` when 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -108,6 +112,16 @@ def fill(total: int, line_bytes: int) -> None:
             block.clear()
     out.write(b"".join(block))
     out.flush()
+
+
+def limited(line: str, times: int) -> bool:
+    """Whether ``line`` still fails: it has run fewer than ``times`` times in this HOME."""
+    folder = Path(os.environ.get("HOME", "/tmp")) / ".demo-limits"
+    folder.mkdir(parents=True, exist_ok=True)
+    counter = folder / hashlib.sha256(line.encode()).hexdigest()[:16]
+    seen = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(seen + 1))
+    return seen < times
 
 
 def run_script(lines: list[str]) -> None:
@@ -198,6 +212,14 @@ def run_script(lines: list[str]) -> None:
                 )
         elif name == "error":
             emit({"type": "error", "message": rest or "scripted failure"})
+        elif name == "limit":
+            if limited(raw, int(args[0])):
+                error: dict[str, object] = {"type": "error", "reason": args[1]}
+                error["message"] = f"scripted limit: {args[1]}"
+                if len(args) > 2:
+                    error["retry_after_s"] = float(args[2])
+                emit(error)
+                sys.exit(0)
         elif name == "complete":
             emit({"type": "complete", "text": rest})
         elif name == "exit":

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import adapters
 from adapters import HARNESS_IDS
 from config import SettingsError
-from worker import cli_workspace
+from worker import cli_spend, cli_workspace
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
 from worker.policy import not_utf8
 from worker.render import Renderer
@@ -127,6 +127,7 @@ COMMAND_EXITS = {
     "reap": "0 done, 1 a sandbox backend could not be asked",
     "doctor": "0 every check passed (warnings allowed), 1 a check failed",
     **cli_workspace.EXITS,
+    **cli_spend.EXITS,
 }
 """Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
 
@@ -281,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pids", type=int, metavar="N", help=f"container process limit, {OPERATOR_BOUND}"
     )
     cli_workspace.add_seed_options(run, OPERATOR_BOUND)
+    cli_spend.add_run_options(run, OPERATOR_BOUND)
     follow_flags(run)
     output_flags(run, "one JSON object per line: {run_id, turn}, then the events")
 
@@ -347,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     output_flags(end, "one JSON object: {run_id, status, note}")
 
     cli_workspace.add_commands(command, run_id)
+    cli_spend.add_commands(command, run_id, OPERATOR_BOUND)
 
     reap = command("reap", "remove sandboxes whose run is gone or whose lease expired")
     output_flags(reap, 'one JSON object per line: {"removed": ...} or {"unreachable": ...}')
@@ -427,6 +430,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             cpus=args.cpus,
             pids=args.pids,
             **cli_workspace.seed_options(args),
+            **cli_spend.run_options(args),
         )
         for warning in _ignored_options(args, client.settings.sandbox):
             print(f"harness: warning: {warning}", file=sys.stderr)
@@ -450,6 +454,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         ):
             renderer.event(item)
         return 0
+    if args.command in cli_spend.COMMANDS:
+        return cli_spend.dispatch(args, client, renderer)
     if args.command in cli_workspace.COMMANDS:
         return cli_workspace.dispatch(args, client, renderer)
     if args.command == "status":
@@ -536,7 +542,21 @@ def _turn_ended(client: Any, run_id: str, turn: int) -> bool:
 
 
 def _follow(client: Any, renderer: Renderer, run_id: str, turn: int, wait: float | None) -> int:
+    """Follow ``turn`` to its terminal, and on through the turns a park sends again (a
+    ``parked`` event names the next turn: the same input, at the reset); the exit status is
+    the last turn's."""
+    while True:
+        code, parked_as = _follow_turn(client, renderer, run_id, turn, wait)
+        if parked_as is None:
+            return code
+        turn, wait = parked_as, None  # it waits for its reset, not for a worker
+
+
+def _follow_turn(
+    client: Any, renderer: Renderer, run_id: str, turn: int, wait: float | None
+) -> tuple[int, int | None]:
     from worker.client import Waiting
+    from worker.slots import SlotWaiting
 
     deadline = None if wait is None else time.monotonic() + wait
 
@@ -544,25 +564,29 @@ def _follow(client: Any, renderer: Renderer, run_id: str, turn: int, wait: float
         left = None if deadline is None else max(0.001, deadline - time.monotonic())
         return client.follow(run_id, turn, after=after, wait=left)  # type: ignore[no-any-return]
 
-    terminal = None
+    terminal, parked_as = None, None
     try:
         for item in _resuming(client, renderer, open_, None):
-            if isinstance(item, Waiting):
+            if isinstance(item, Waiting | SlotWaiting):
                 renderer.notice(item.as_dict())
                 continue
             renderer.event(item)
+            if item.type == "parked" and item.turn == turn:
+                parked_as = int(item.data["next_turn"])
             if item.terminal and item.turn == turn:
                 terminal = item
     except TurnWaitTimeout as exc:
         renderer.close()
         print(f"harness: {exc}: `harness cancel {run_id}` withdraws it", file=sys.stderr)
-        return exc.exit_code
+        return exc.exit_code, None
+    if parked_as is not None:
+        return 1, parked_as
     renderer.summary(client.status(run_id), terminal)
     if terminal is not None and terminal.type == "turn-complete":
-        return 0
+        return 0, None
     if terminal is not None and terminal.data.get("reason") == "invalid-input":
-        return 2  # refused by the worker's policy: the same answer as a refusal up front
-    return 1
+        return 2, None  # refused by the worker's policy: the same answer as a refusal up front
+    return 1, None
 
 
 def _resuming(

@@ -24,10 +24,11 @@ from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings, load_settings
-from worker import credentials, hosts
+from worker import budgets, credentials, hosts, slots
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
 from worker.errors import (
+    BudgetSpent,
     HarnessError,
     InvalidInput,
     RunBusy,
@@ -222,7 +223,8 @@ class HarnessClient:
             digest, size = self.workspace.upload_archive(run_id, Path(archive))
             run_options = run_options.model_copy(update={"archive": digest, "archive_bytes": size})
         queue = harness_queue(harness, self.settings.key_prefix)
-        self.store.create(run_id, run_options, queue=queue, sandbox=resolved.sandbox)
+        budget = budgets.initial(run_options, self.settings)
+        self.store.create(run_id, run_options, queue=queue, sandbox=resolved.sandbox, budget=budget)
         self._send(run_id, 1, input, queue)
         return run_id
 
@@ -235,11 +237,51 @@ class HarnessClient:
         """
         check_run_id(run_id)
         check_input(input, self.settings)
+        record = self.store.find(run_id)
+        over = None if record is None else budgets.submit_refusal(record, self.settings)
+        if over is not None and record is not None and record.status == "idle":
+            raise BudgetSpent(
+                f"run {run_id}: {over.error('for its next turn').error}".replace("RUN_ID", run_id)
+            )
         turn = self.store.begin_turn(run_id)
         raw = self.store.raw(run_id)
         queue = raw.get("queue") or harness_queue(raw.get("harness", ""), self.settings.key_prefix)
         self._send(run_id, turn, input, queue)
         return turn
+
+    @_translate
+    def set_budget(self, run_id: str, **limits: float | int | None) -> dict[str, Any]:
+        """Change a run's budget (``max_cost_usd``, ``max_tokens``, ``max_turns``,
+        ``max_wall_s``; 0 removes a limit, up to the operator's ceiling; a limit not named is
+        kept) and return it: ``{"run_id", "budget", "spent", "exceeded"}``. Without limits,
+        only returns it. InvalidInput above a ceiling. The next turn (not one in flight)
+        runs under the new budget; raising a spent budget lets the run take turns again."""
+        check_run_id(run_id)
+        unknown = set(limits) - set(budgets.LIMITS)
+        if unknown:
+            raise InvalidInput(f"unknown budget limit(s): {', '.join(sorted(unknown))}")
+        asked = {name: value for name, value in limits.items() if value is not None}
+        record = self.store.record(run_id)
+        if asked:
+            budget = {**budgets.effective(record, self.settings)}
+            budget.update(budgets.check(asked, self.settings))
+            self.store.update(run_id, budget=budget)
+            record = self.store.record(run_id)
+            if record.budget_exceeded and budgets.submit_refusal(record, self.settings) is None:
+                self.store.update(run_id, budget_exceeded=None)
+                record = self.store.record(run_id)
+        spent = budgets.spent(record)
+        return {
+            "run_id": run_id,
+            "budget": budgets.effective(record, self.settings),
+            "spent": {
+                "cost_usd": spent.cost_usd,
+                "tokens": spent.tokens,
+                "turns": spent.turns,
+                "wall_s": spent.wall_s,
+            },
+            "exceeded": record.budget_exceeded,
+        }
 
     def _send(self, run_id: str, turn: int, input: str, queue: str) -> None:
         payload = TurnPayload(run_id=run_id, turn=turn, input=input).model_dump()
@@ -291,6 +333,8 @@ class HarnessClient:
         record["credential_live"] = bool(self.redis.exists(self.keys.credential(run_id)))
         waiting = self._waiting(run_id, record)
         record["waiting_for_worker"] = None if waiting is None else waiting.as_dict()
+        slot = slots.waiting_notice(run_id, record)
+        record["waiting_for_slot"] = None if slot is None else slot.as_dict()
         return record
 
     @_translate
@@ -381,7 +425,7 @@ class HarnessClient:
         after: str | None = None,
         wait: float | None = None,
         block_ms: int = 1000,
-    ) -> Iterator[StreamEvent | Waiting]:
+    ) -> Iterator[StreamEvent | Waiting | slots.SlotWaiting]:
         """Turn ``turn``'s events as they come, up to its terminal event, with a notice.
 
         Yields the events after ``after`` (default: the turn's first), and once, within a
@@ -395,6 +439,7 @@ class HarnessClient:
         cursor = after or _after_previous_turn(turn)
         began = time.monotonic()
         started, noticed = False, False
+        slot_place: int | None = None
         next_check = began + CHECK_EVERY_S
         while True:
             block = block_ms
@@ -418,12 +463,17 @@ class HarnessClient:
             if self.redis.exists(self.keys.turn_started(run_id, turn)):
                 started = True
                 continue
-            waiting = self._waiting(run_id, self.store.get(run_id))
+            record = self.store.get(run_id)
+            waiting = self._waiting(run_id, record)
             if wait is not None and now >= began + wait:
                 raise TurnWaitTimeout(run_id, turn, self._gave_up(run_id, turn, wait, waiting))
             if waiting is not None and not noticed:
                 noticed = True
                 yield waiting
+            slot = slots.waiting_notice(run_id, record) if record.get("slot_wait") else None
+            if slot is not None and slot.turn == turn and slot.place != slot_place:
+                slot_place = slot.place  # said again when its place changes
+                yield slot
 
     def _gave_up(self, run_id: str, turn: int, wait: float, waiting: Waiting | None) -> str:
         text = f"no worker started turn {turn} of run {run_id} within {wait:.3g}s"
@@ -522,7 +572,9 @@ class HarnessClient:
         """Stop the in-flight turn. False when nothing is in flight."""
         check_run_id(run_id)
         record = self.store.get(run_id)
-        if record["status"] not in IN_FLIGHT or not record.get("current_turn"):
+        # A parked run's current turn is queued until its reset: it is withdrawn as any other.
+        cancellable = (*IN_FLIGHT, "parked")
+        if record["status"] not in cancellable or not record.get("current_turn"):
             return False
         turn = int(record["current_turn"])
         ttl = self.settings.retention_s + self.settings.run_lease_s
@@ -558,7 +610,7 @@ class HarnessClient:
         record = self.store.get(run_id)
         if record["status"] == "ended":
             return record
-        if record["status"] in IN_FLIGHT:
+        if record["status"] in (*IN_FLIGHT, "parked"):
             self.cancel(run_id)
         queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
         self.app.send_task(TASK_END_RUN, args=[run_id], queue=queue)

@@ -2,6 +2,7 @@
 
 HarnessError
 ├── InvalidInput      the request is malformed or beyond operator policy (CLI exit 2)
+│   └── BudgetSpent   the run's budget is spent: raise it (``harness budget``) first
 ├── RunNotFound       no such run (CLI exit 1)
 ├── RunBusy           a turn of this run is still in flight (CLI exit 2)
 ├── RunEnded          the run has ended or failed; it takes no more turns (CLI exit 2)
@@ -22,6 +23,10 @@ class HarnessError(Exception):
 
 class InvalidInput(HarnessError, ValueError):
     exit_code = 2
+
+
+class BudgetSpent(InvalidInput):
+    """The run's next turn would be refused: a limit of its budget is reached."""
 
 
 class RunNotFound(HarnessError, LookupError):

@@ -15,7 +15,7 @@ import redis
 from adapters.events import session_error
 from config import Settings
 from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
-from worker import credentials, hosts, metrics
+from worker import credentials, hosts, metrics, parking, slots
 from worker.errors import RunNotFound
 from worker.publisher import last_seq
 from worker.records import FINISHED, IN_FLIGHT, RunRecord
@@ -71,12 +71,15 @@ class ReapReport:
     forgotten: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
     """Sandbox backends that could not be asked for their sandboxes, with the error."""
+    slots_released: list[str] = field(default_factory=list)
+    """Concurrency slots of keys released because the turn holding them lost its worker."""
 
     def lines(self) -> list[str]:
         out = [f"removed sandbox of run {r}" for r in self.sandboxes]
         out += [f"closed turn {t} (worker lost)" for t in self.lost_turns]
         out += [f"closed turn {t} (its host had no worker for too long)" for t in self.waited_out]
         out += [f"sent turn {t} again (no worker had taken it)" for t in self.resent]
+        out += [f"released key slot {s} (its worker was lost)" for s in self.slots_released]
         return out
 
 
@@ -167,6 +170,10 @@ def _reap_turns(deps: TurnDeps, report: ReapReport) -> None:
     close_lost_turns(deps, report)
     close_stranded_turns(deps, report)
     report.resent += resend_unclaimed_turns(deps, _sender(deps))
+    # Parked turns whose countdown was lost with its worker (never before their reset), and
+    # concurrency slots held by turns whose worker is gone (worker/parking.py, slots.py).
+    report.resent += parking.resend_due(deps)
+    report.slots_released += slots.reap(deps)
 
 
 def reap_pass(deps: TurnDeps) -> ReapReport:

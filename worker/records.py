@@ -211,7 +211,14 @@ class RunStore:
     def __post_init__(self) -> None:
         self._scripts = lua.scripts(self.redis)
 
-    def create(self, run_id: str, options: RunOptions, queue: str, sandbox: str) -> None:
+    def create(
+        self,
+        run_id: str,
+        options: RunOptions,
+        queue: str,
+        sandbox: str,
+        budget: dict[str, Any] | None = None,
+    ) -> None:
         now = time.time()
         record = RunRecord(
             run_id=run_id,
@@ -225,6 +232,7 @@ class RunStore:
             created_at=now,
             updated_at=now,
             options=options,
+            budget=budget or {},
         )
         pipe = self.redis.pipeline()
         pipe.hset(self.keys.run(run_id), mapping=record.encode())

@@ -111,6 +111,31 @@ def waiting_text(notice: dict[str, Any], now: float | None = None) -> str:
     return text + "the turn stays queued until one starts"
 
 
+def slot_text(notice: dict[str, Any], now: float | None = None) -> str:
+    """A :class:`worker.slots.SlotWaiting` notice (as its dict) in a sentence."""
+    text = (
+        f"waiting for a slot of {notice['grant']} (at most {notice['limit']} turns at once "
+        f"on that key): place {notice['place']} of {notice['waiting']} waiting"
+    )
+    if isinstance(notice.get("since"), int | float):
+        text += f", since {format_since(float(notice['since']), now)}"
+    return text
+
+
+def parked_text(data: dict[str, Any], now: float | None = None) -> str:
+    """A ``parked`` event in a sentence."""
+    resume = data.get("resume_at")
+    when = "later"
+    if isinstance(resume, int | float):
+        now = time.time() if now is None else now
+        clock = time.strftime("%H:%M:%S", time.localtime(resume))
+        when = f"{clock} (in {format_duration(max(0.0, resume - now))})"
+    return (
+        f"parked ({data.get('reason')}): the worker sends this input again as turn "
+        f"{data.get('next_turn')} at {when}"
+    )
+
+
 def teardown_text(notice: dict[str, Any]) -> str:
     """The notice of an ``end`` that waits for a worker to tear the run down."""
     text = f"waiting for a worker on {notice['queue']} to tear the run down… "
@@ -245,6 +270,10 @@ class Renderer:
             self._spinner.stop()  # it draws on the terminal stderr shares
         self._end_text()
         teardown = notice.get("for") == "teardown"
+        if notice.get("for") == "slot":
+            self._say(slot_text(notice))
+            self._wait(f"waiting for a slot of {notice['grant']}")
+            return
         self._say(teardown_text(notice) if teardown else waiting_text(notice))
         if not teardown:
             self._wait(f"waiting for a worker on {notice['queue']}")
@@ -333,6 +362,8 @@ class Renderer:
         elif kind == "usage":
             view.add_usage(data)
             self._wait("thinking")
+        elif kind == "parked":
+            self._print(Text(f"  ⏸ {parked_text(data)}", style="bold yellow"))
         elif kind in ("turn-complete", "session-error"):
             self._terminal(event, view)
         else:  # a type newer than this renderer: show it rather than hide it
@@ -531,6 +562,7 @@ _STATUS_STYLE = {
     "idle": "bold green",
     "running": "bold cyan",
     "starting": "bold cyan",
+    "parked": "bold yellow",
     "ended": "bold",
     "failed": "bold red",
 }
