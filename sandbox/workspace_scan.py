@@ -20,7 +20,9 @@ a pattern starting with ``/`` matches the path from the workspace root (``/.home
 ``node_modules``, ``*.pyc``). An ignored directory is not entered.
 
 **Large files** (above ``max_file_bytes``) are hashed with SHA-256 while streaming and recorded
-as a placeholder blob, ``harness-large-file sha256=<hex> size=<n>\\n``.
+as a placeholder blob, ``harness-large-file sha256=<hex> size=<n>\\n``, unless the store
+already holds their exact bytes (a large file of the seed repository, unchanged): then the
+real blob is recorded, so turn 0 equals the seed and a push never replaces it.
 
 **Bounds.** ``max_files``, ``max_total_bytes`` (the sum of the sizes recorded, a large file
 counting its placeholder) and a deadline: the first one hit stops the walk; the result says
@@ -251,41 +253,50 @@ class Scanner:
                 self.result.skipped.append(path)
                 return
             mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
-            if st.st_size > self.bounds.max_file_bytes:
-                digest, size = self._hash_large(file_fd)
-                self._store(path, mode, placeholder(digest, size), st, large=True)
-            else:
+            data = None
+            if st.st_size <= self.bounds.max_file_bytes:
                 data = _read_all(file_fd, self.bounds.max_file_bytes)
-                if data is None:  # grew past the bound while being read
-                    digest, size = self._hash_large(file_fd)
-                    self._store(path, mode, placeholder(digest, size), st, large=True)
-                else:
-                    self._store(path, mode, data, st, large=False)
+            if data is not None:
+                self._store(path, mode, data, st, large=False)
+                return
+            # Too large to keep (or grew past the bound while read): its hash and size.
+            digest, size, git_id = self._hash_large(file_fd, st.st_size)
+            if git_id in self.known_blobs:
+                # The store already holds these bytes (a seeded file): record the real blob.
+                entry = Entry(mode, git_id, size, *_stamp(st), False, self._trusted(st))
+                self._record(path, entry, size)
+            else:
+                self._store(path, mode, placeholder(digest, size), st, large=True)
         finally:
             os.close(file_fd)
 
-    def _hash_large(self, fd: int) -> tuple[str, int]:
+    def _hash_large(self, fd: int, expected: int) -> tuple[str, int, str]:
+        """(SHA-256, size, git blob id if the size stayed ``expected``, else "")."""
         digest = hashlib.sha256()
+        git = hashlib.sha1(b"blob %d\0" % expected, usedforsecurity=False)
         size = 0
         os.lseek(fd, 0, os.SEEK_SET)
         while chunk := os.read(fd, CHUNK):
             digest.update(chunk)
+            git.update(chunk)
             size += len(chunk)
             if time.monotonic() > self.bounds.deadline:
                 raise _Stop("stopped at the snapshot time limit")
-        return digest.hexdigest(), size
+        return digest.hexdigest(), size, git.hexdigest() if size == expected else ""
 
     def _store(self, path: str, mode: str, data: bytes, st: os.stat_result, large: bool) -> None:
         blob = blob_id(data)
         size = st.st_size if large else len(data)
-        entry = Entry(
-            mode, blob, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, large, self._trusted(st)
-        )
+        entry = Entry(mode, blob, size, *_stamp(st), large, self._trusted(st))
         self._record(path, entry, len(data))
         self.result.files_read += 1
         if blob not in self.known_blobs:
             self.known_blobs.add(blob)
             self.sink(blob, data)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 def _read_all(fd: int, limit: int) -> bytes | None:
