@@ -243,8 +243,8 @@ class _TarReader:
     def members(self) -> Iterator[tuple[_Member, Iterator[bytes]]]:
         """Each member with its data (read forward only: a stream, never seeked)."""
         budget = _Budget(self.limits, self.size)
-        # Headers and padding count too: the bound on headers keeps a member count attack
-        # from inflating unnoticed.
+        # The stream's bound also covers headers and padding (a pax header is read whole into
+        # memory, so its size must be bounded too); file contents are bounded exactly below.
         budget.limits = ArchiveLimits(
             self.limits.max_bytes,
             self.limits.max_files,
@@ -258,11 +258,16 @@ class _TarReader:
             counted = io.BufferedReader(_CountingReader(source, budget), CHUNK)
             try:
                 with tarfile.open(fileobj=counted, mode="r|") as tar:
-                    count = 0
+                    count = content = 0
                     for info in tar:
                         count += 1
                         if count > self.limits.max_files:
                             raise ArchiveRefused(f"more than {self.limits.max_files} members")
+                        content += info.size
+                        if content > self.limits.max_unpacked_bytes:
+                            raise ArchiveRefused(
+                                f"unpacks to more than {self.limits.max_unpacked_bytes} bytes"
+                            )
                         member = _tar_member(info)
                         if member is None:
                             continue
