@@ -29,6 +29,7 @@ ROWS = {
     "4": "bench.row4_concurrency",
     "5": "bench.row5_first_turn",
     "6": "bench.row6_big_output",
+    "7": "bench.row7_workspace",
 }
 
 
