@@ -11,10 +11,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 from pydantic_core import PydanticSerializationError
 
-ActivityKind = Literal["command", "file", "tool", "other"]
+ActivityKind = Literal["command", "file", "tool", "network", "other"]
 UsageSource = Literal["harness", "replay"]
 ErrorReason = Literal[
     "rate-limited",
@@ -116,9 +123,29 @@ class AssistantText(_Event):
 
 
 class SandboxActivity(_Event):
+    """What the harness did in its sandbox. Kind ``network`` is a connection the egress
+    gateway refused (published by the worker after the turn's work): ``host``, ``port`` and
+    ``denied`` are set for it, and left out of the data of every other kind."""
+
     type: Literal["sandbox-activity"] = "sandbox-activity"
     kind: ActivityKind
     description: str
+    host: str | None = None
+    port: int | None = None
+    denied: bool | None = None
+
+    @model_serializer(mode="wrap")
+    def _network_fields_only_for_network(
+        self, handler: SerializerFunctionWrapHandler
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.kind != "network":
+            for name in _NETWORK_FIELDS:
+                data.pop(name, None)
+        return data
+
+
+_NETWORK_FIELDS = ("host", "port", "denied")
 
 
 class PermissionRequest(_Event):

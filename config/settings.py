@@ -19,6 +19,17 @@ CommaList = Annotated[tuple[str, ...], NoDecode]
 Mapping = Annotated[dict[str, str], NoDecode]
 GrantMap = Annotated[dict[str, tuple[str, ...]], NoDecode]
 
+DEFAULT_EGRESS_ALLOW: dict[str, tuple[str, ...]] = {
+    "claude-code": ("api.anthropic.com:443",),
+    "codex": ("api.openai.com:443",),
+    "gemini": ("generativelanguage.googleapis.com:443",),
+    "opencode": (),
+    "pi": (),
+    "stdio-json": (),
+}
+"""The vendors' model APIs; OpenCode and Pi talk to whichever provider they are configured
+for, so operators name theirs."""
+
 
 class SettingsError(ValueError):
     """A setting is missing or invalid; the message names the variable."""
@@ -43,7 +54,7 @@ class Settings(BaseSettings):
     # Sandboxes
     sandbox: Literal["docker", "local"] = "docker"
     images: Mapping = Field(default_factory=lambda: dict(DEFAULT_IMAGES))
-    network: Literal["none", "bridge", "host"] = "bridge"
+    network: Literal["none", "bridge", "host", "egress"] = "bridge"
     workspace_root: str = "/tmp/harness-worker"
     container_user: str = Field("1000:1000", pattern=r"^[0-9]{1,10}(:[0-9]{1,10})?$")
     read_only_root: bool = True
@@ -55,6 +66,23 @@ class Settings(BaseSettings):
     warm_pool: int = Field(0, ge=0, le=64)
     """Started containers kept waiting per image (default network and limits), so that a new
     run's first turn skips container create and start."""
+    egress_allow: GrantMap = Field(default_factory=lambda: dict(DEFAULT_EGRESS_ALLOW))
+    """Network ``egress``: per harness, the hosts its runs may reach through the gateway,
+    ``harness=host:port|host:port;harness2=...`` (a harness not named: its defaults)."""
+    egress_allow_base_url: bool = False
+    """Network ``egress``: also allow the host and port of a run's ``--base-url``."""
+    egress_hosts: Mapping = Field(default_factory=dict)
+    """Network ``egress``: names pinned to addresses for the gateway (``name=ip,...``). The
+    gateway resolves every other name itself and refuses private, loopback and link-local
+    addresses; a pinned name may have one."""
+    egress_resolvers: CommaList = ()
+    """Network ``egress``: DNS servers of the gateway (default: its container's own)."""
+    egress_subnet: str = "172.30.240.0/24"
+    """Network ``egress``: the subnet of the egress network (one per Docker host and key
+    prefix; ``.1`` and ``.2`` are the gateway's)."""
+    egress_outside_network: str = "bridge"
+    """Network ``egress``: the Docker network through which the gateway reaches allowed hosts."""
+    egress_gateway_image: str = "harness-worker/gateway:1"
 
     # Operator policy: what a producer may ask for ("*" allows anything)
     allowed_images: CommaList = ()
@@ -197,6 +225,7 @@ class Settings(BaseSettings):
         "repo_schemes",
         "repo_hosts",
         "snapshot_ignore",
+        "egress_resolvers",
         mode="before",
     )
     @classmethod
@@ -215,6 +244,36 @@ class Settings(BaseSettings):
                 if not sep or not name.strip() or not count.strip().isdigit():
                     raise ValueError(f"expected GRANT=N pairs, got {item.strip()!r}")
                 result[name.strip()] = count.strip()
+            return result
+        return value
+
+    @field_validator("egress_allow", mode="before")
+    @classmethod
+    def _egress_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            result: dict[str, tuple[str, ...]] = dict(DEFAULT_EGRESS_ALLOW)
+            for item in value.split(";"):
+                if not item.strip():
+                    continue
+                name, sep, hosts = item.partition("=")
+                if not sep or not name.strip():
+                    raise ValueError(f"expected harness=host:port|host:port, got {item.strip()!r}")
+                result[name.strip()] = tuple(h.strip() for h in hosts.split("|") if h.strip())
+            return result
+        return value
+
+    @field_validator("egress_hosts", mode="before")
+    @classmethod
+    def _pinned_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            result: dict[str, str] = {}
+            for item in value.split(","):
+                if not item.strip():
+                    continue
+                name, sep, address = item.partition("=")
+                if not sep or not name.strip() or not address.strip():
+                    raise ValueError(f"expected name=address pairs, got {item.strip()!r}")
+                result[name.strip().lower()] = address.strip()
             return result
         return value
 

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-NetworkPolicy = Literal["none", "bridge", "host"]
+NetworkPolicy = Literal["none", "bridge", "host", "egress"]
+"""``egress``: only the hosts of the run's allowlist, through the egress gateway
+(:mod:`sandbox.egress`)."""
 
 
 class SandboxError(Exception):

@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -68,6 +69,7 @@ from sandbox.docker_container import (
 )
 from sandbox.docker_exec import GONE_HINT, DockerProcess, ExecTransport
 from sandbox.docker_stream import RawEndpoint
+from sandbox.egress import Denial, EgressConfig, Gateway
 from sandbox.placements import KnownPlacements
 from sandbox.snapshots import SnapshotStore
 from sandbox.warm_pool import POOL_PREFIX, ContainerPool
@@ -75,6 +77,9 @@ from sandbox.workspace import LeaseFiles, safe_name, workspace_dir
 
 log = logging.getLogger(__name__)
 
+DENIAL_LOG_SETTLE_S = 0.3
+"""How long after a turn the gateway's log is read for its denials (the gateway writes
+them within ~0.1 s)."""
 DAEMON_HINT = "start dockerd (scripts/ensure-docker) or point the worker at a running daemon"
 
 
@@ -91,6 +96,7 @@ class DockerSandbox:
         api_timeout: float = 60.0,
         scope: str = "default",
         warm_pool: int = 0,
+        egress: EgressConfig | None = None,
     ) -> None:
         self.root = Path(root)
         self.scope = safe_name(scope, "scope")
@@ -107,8 +113,10 @@ class DockerSandbox:
         self._client_obj: Any = None
         self._execs = ExecTransport(self._client, self._seam, raw, api_timeout)
         self._containers = RunContainers(
-            self.root, self.scope, self._client, self._seam, self._execs
+            self.root, self.scope, self._client, self._seam, self._execs, egress
         )
+        self.egress = Gateway(egress, self._client, self._seam) if egress else None
+        """The egress gateway of this daemon (network ``egress``), when configured."""
         self._pool = ContainerPool(
             warm_pool,
             self.root,
@@ -159,6 +167,8 @@ class DockerSandbox:
 
     def _prepare_checked(self, spec: RunSpec) -> Placement:
         """Find (restarting it if stopped), claim from the pool, or create the run's container."""
+        if spec.network == "egress":
+            return self._prepare_egress(spec)
         name = container_name(spec.run_id)
         parse_user(spec.user)
         with self._seam("find the run's container", run_id=spec.run_id):
@@ -175,6 +185,42 @@ class DockerSandbox:
         if self._pool.serves(spec):  # the pool was empty (or is new): fill it for the next run
             self._pool.refill_later(spec)
         return placement
+
+    def _prepare_egress(self, spec: RunSpec) -> Placement:
+        """An egress run's container: the gateway first (started if missing), then the
+        container (never from the warm pool: its labels carry the run's allowlist), then the
+        gateway's configuration, before the run's first exec."""
+        if self.egress is None:
+            raise SandboxError(
+                "network egress is not configured on this worker",
+                hint="set HARNESS_EGRESS_* (docs/security.md) or use another network",
+            )
+        self.egress.ensure()
+        with self._seam("find the run's container", run_id=spec.run_id):
+            existing = self._containers.find(container_name(spec.run_id))
+        if existing is not None:
+            self._containers.make_workspace(spec)
+            placement = self._containers.reuse(existing, spec)
+        else:
+            placement = self._containers.create(spec)
+        self.egress.sync()
+        return placement
+
+    def network_denials(
+        self, run_id: str, since: float, until: float | None = None
+    ) -> list[Denial]:
+        """The connections of the run's container that the egress gateway refused between
+        ``since`` and ``until`` (unix times), oldest first; empty unless the run is on the
+        egress network. Waits a moment for the gateway's log to catch up with ``until``."""
+        if self.egress is None:
+            return []
+        address = self.egress.address_of(container_name(run_id))
+        if address is None:
+            return []
+        settle = (until or time.time()) + DENIAL_LOG_SETTLE_S - time.time()
+        if settle > 0:
+            time.sleep(settle)
+        return self.egress.denials(address, since, until)
 
     def start(
         self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]
@@ -330,7 +376,9 @@ class DockerSandbox:
 
     def warm(self, spec: RunSpec) -> int:
         """Start containers of ``spec``'s shape until ``warm_pool`` wait unclaimed; returns how
-        many it started. ``spec.run_id`` is ignored."""
+        many it started. ``spec.run_id`` is ignored. Egress runs are never pooled."""
+        if spec.network == "egress":
+            return 0
         return self._pool.warm(spec)
 
     def close_pool(self) -> None:

@@ -2,9 +2,11 @@
 
 Hardening, from the :class:`~sandbox.base.RunSpec`: a non-root numeric user, every capability
 dropped, ``no-new-privileges``, a read-only root with a tmpfs ``/tmp`` owned by that user,
-pids, memory (swap included) and CPU limits, and the network policy (``none``, ``bridge`` or
-``host``). Never privileged; the only host path in the container is the run's workspace,
-bind-mounted at ``/workspace`` and owned by the container user; HOME is ``/workspace/.home``.
+pids, memory (swap included) and CPU limits, and the network policy (``none``, ``bridge``,
+``host``, or ``egress``: only the egress network, whose gateway allows the run's allowlist,
+see :mod:`sandbox.egress`). Never privileged; the only host path in the container is the
+run's workspace, bind-mounted at ``/workspace`` and owned by the container user; HOME is
+``/workspace/.home``.
 The container is kept alive between turns by ``sleep infinity`` under Docker's init
 (``init=True``, which also reaps orphaned harness children).
 
@@ -41,6 +43,7 @@ from sandbox.base import (
 )
 from sandbox.container_scripts import memory_events_argv, oom_kill_count, probe_argv
 from sandbox.docker_exec import ExecTransport, Seam
+from sandbox.egress import EgressConfig, proxy_environment
 from sandbox.workspace import make_owned_workspace, safe_name
 
 log = logging.getLogger(__name__)
@@ -80,7 +83,9 @@ def parse_user(user: str) -> tuple[int, int]:
     return uid, gid
 
 
-def create_args(spec: RunSpec, workspace: Path, scope: str) -> dict[str, Any]:
+def create_args(
+    spec: RunSpec, workspace: Path, scope: str, egress: EgressConfig | None = None
+) -> dict[str, Any]:
     """The keyword arguments of ``containers.create`` for the run's container."""
     labels = {
         **{str(k): str(v) for k, v in spec.labels.items()},
@@ -90,7 +95,7 @@ def create_args(spec: RunSpec, workspace: Path, scope: str) -> dict[str, Any]:
     }
     if spec.workspace_key:
         labels["harness.workspace_key"] = spec.workspace_key
-    return {
+    args = {
         "image": spec.image,
         "command": ["sleep", "infinity"],
         "name": container_name(spec.run_id),
@@ -100,6 +105,18 @@ def create_args(spec: RunSpec, workspace: Path, scope: str) -> dict[str, Any]:
         "mounts": [Mount(target=WORKSPACE, source=str(workspace), type="bind")],
         **hardened(spec),
     }
+    if spec.network == "egress":
+        if egress is None:
+            raise SandboxError(
+                "network egress needs the egress gateway, which this sandbox is not given",
+                hint="configure HARNESS_EGRESS_* on the worker (docs/security.md)",
+            )
+        # Only the egress network; the gateway is its route out and its resolver (which
+        # answers no name: the proxy resolves them). The proxy variables are not secret.
+        args["network_mode"] = egress.network_name
+        args["dns"] = [egress.router_ip]
+        args["environment"] = {**args["environment"], **proxy_environment(egress)}
+    return args
 
 
 def hardened(spec: RunSpec) -> dict[str, Any]:
@@ -168,7 +185,9 @@ class RunContainers:
         client: Callable[[], Any],
         seam: Seam,
         execs: ExecTransport,
+        egress: EgressConfig | None = None,
     ) -> None:
+        self._egress = egress
         self._root = root
         self._scope = scope
         self._client = client
@@ -239,7 +258,7 @@ class RunContainers:
             with self._seam("create the run's container", run_id=spec.run_id, image=spec.image):
                 try:
                     container = client.containers.create(
-                        **create_args(spec, workspace, self._scope)
+                        **create_args(spec, workspace, self._scope, self._egress)
                     )
                 except docker.errors.APIError as exc:
                     if exc.status_code != 409:

@@ -56,6 +56,18 @@ CONTAINERS_REAPED = Counter(
 )
 
 
+EGRESS_DENIED = Counter(
+    "harness_egress_denied_total",
+    "Connections of egress runs refused by the egress gateway, by harness and rule.",
+    ["harness", "rule"],
+)
+
+
+def egress_denied(harness: str, rules: Iterable[str]) -> None:
+    for rule, count in collections.Counter(rules).items():
+        EGRESS_DENIED.labels(harness, rule).inc(count)
+
+
 def turn_started(harness: str) -> float:
     """Count a turn in; returns the start time to hand to :func:`turn_finished`."""
     TURNS_STARTED.labels(harness).inc()

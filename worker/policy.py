@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import adapters
 from adapters.protocol import Capabilities, TurnRequest
 from config import Settings
+from sandbox.egress import EgressConfig, Endpoint, base_url_endpoint
 from worker.errors import InvalidInput
 from worker.spec import RunOptions
 
@@ -96,6 +97,11 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
         raise InvalidInput(
             f"network {network!r} is not allowed (operator policy HARNESS_ALLOWED_NETWORKS)"
         )
+    if network == "egress" and options.base_url and not settings.egress_allow_base_url:
+        raise InvalidInput(
+            "--base-url cannot be reached with network egress: its host is not in the "
+            "allowlist (operator policy HARNESS_EGRESS_ALLOW_BASE_URL)"
+        )
 
     executable = options.executable
     if harness == "stdio-json":
@@ -152,6 +158,31 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
         )
     warnings = capability_warnings(options)
     return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
+
+
+def egress_config(settings: Settings) -> EgressConfig:
+    """The egress gateway's settings (network ``egress``) from operator policy."""
+    return EgressConfig(
+        scope=settings.key_prefix,
+        subnet=settings.egress_subnet,
+        outside_network=settings.egress_outside_network,
+        image=settings.egress_gateway_image,
+        hosts=dict(settings.egress_hosts),
+        resolvers=tuple(settings.egress_resolvers),
+        allow={
+            harness: tuple(Endpoint.parse(h) for h in hosts)
+            for harness, hosts in settings.egress_allow.items()
+        },
+        allow_base_url=settings.egress_allow_base_url,
+    )
+
+
+def egress_allowlist(settings: Settings, harness: str, base_url: str | None) -> list[str]:
+    """What a run of ``harness`` may reach with network ``egress`` (``host:port``), as the
+    gateway applies it (``harness status`` shows it)."""
+    return [
+        str(e) for e in egress_config(settings).allowlist(harness, base_url_endpoint(base_url))
+    ]
 
 
 def capability_warnings(options: RunOptions) -> tuple[str, ...]:

@@ -100,6 +100,10 @@ class RunRecord(BaseModel):
     """While ``parked``: unix time at which the worker sends the turn again."""
     parks: int = 0
     """Times the run was parked in a row (reset by a turn that is not limited)."""
+    network: str | None = None
+    """The network mode of the run's sandbox (``none``, ``bridge``, ``host``, ``egress``)."""
+    egress_allow: list[str] | None = None
+    """With network ``egress``: the ``host:port`` pairs the run may reach (operator policy)."""
     slot_wait: dict[str, Any] | None = None
     """While the current turn waits for a concurrency slot of a key (``worker.slots``):
     ``grant``, ``place`` (1 is next), ``waiting``, ``limit``, ``since``."""
@@ -145,6 +149,8 @@ class RecordChanges(TypedDict, total=False):
     wall_s: float
     resume_at: float | None
     parks: int
+    network: str | None
+    egress_allow: list[str] | None
     slot_wait: dict[str, Any] | None
 
 

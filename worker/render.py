@@ -42,7 +42,7 @@ DELTA_HARNESSES = frozenset({"gemini"})
 stream-json ``message`` lines are deltas, see adapters/gemini.py), joined as they arrive.
 Every other harness sends whole text blocks, each ending its own line."""
 
-ACTIVITY_MARKS = {"command": "$", "file": "✎", "tool": "⚙", "other": "·"}
+ACTIVITY_MARKS = {"command": "$", "file": "✎", "tool": "⚙", "network": "⊘", "other": "·"}
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -486,6 +486,8 @@ RECORD_ORDER = (
     "updated_at",
     "lease_until",
     "sandbox",
+    "network",
+    "egress_allow",
     "container_id",
     "queue",
     "credential_live",

@@ -11,6 +11,7 @@ from pathlib import Path
 from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
 from worker.keys import Keys
+from worker.policy import egress_config
 from worker.records import RunStore
 from worker.redis_client import redis_client
 from worker.turn_deps import Shutdown, TurnDeps
@@ -33,6 +34,7 @@ def make_sandbox(backend: str, settings: Settings) -> Sandbox:
             base_url=settings.docker_url,
             scope=settings.key_prefix,
             warm_pool=settings.warm_pool,
+            egress=egress_config(settings),
         )
         return docker_sandbox
     raise SandboxError(f"unknown sandbox backend {backend!r}")

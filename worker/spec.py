@@ -66,7 +66,7 @@ class RunOptions(BaseModel):
     grants: tuple[str, ...] = ()
     sandbox: Literal["docker", "local"] | None = None
     image: str | None = None
-    network: Literal["none", "bridge", "host"] | None = None
+    network: Literal["none", "bridge", "host", "egress"] | None = None
     resume_session: str | None = None
     base_url: str | None = Field(None, max_length=2000)
     executable: str | None = Field(None, max_length=4096)

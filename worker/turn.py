@@ -20,6 +20,7 @@ from typing import Any
 import adapters
 from adapters.events import (
     Event,
+    SandboxActivity,
     SessionError,
     TurnComplete,
     TurnStarted,
@@ -29,10 +30,17 @@ from adapters.events import (
 from adapters.protocol import TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
+from sandbox.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
 from worker import attempt, budgets, credentials, logs, metrics, parking, slots
 from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
-from worker.policy import check_input, fit_request, resolve, resolve_secrets
+from worker.policy import (
+    check_input,
+    egress_allowlist,
+    fit_request,
+    resolve,
+    resolve_secrets,
+)
 from worker.publisher import Masker, RedisStreamPublisher, last_seq
 from worker.records import RecordChanges, RunRecord, RunStatus
 from worker.spec import RunOptions, TurnPayload
@@ -42,6 +50,10 @@ from worker.turn_life import TurnLife, TurnRef, end_unclaimed_turn
 __all__ = ["Shutdown", "TurnDeps", "close_lost_turn", "execute_turn"]
 
 log = logging.getLogger(__name__)
+
+MAX_DENIAL_EVENTS = 100
+"""At most this many ``network`` activities per turn (a harness looping on a refused host
+would otherwise flood its stream); the metric counts every denial."""
 
 
 def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = None) -> str:
@@ -156,6 +168,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
                 labels={
                     "harness.worker": deps.worker_id,
                     "harness.lease_until": f"{lease_until:.0f}",
+                    **_egress_labels(resolved.network, options),
                 },
             )
         )
@@ -181,6 +194,12 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
             container_id=placement.container_id,
             lease_until=lease_until,
             sandbox=placement.backend,
+            network=resolved.network,
+            egress_allow=(
+                egress_allowlist(settings, options.harness, options.base_url)
+                if resolved.network == "egress"
+                else None
+            ),
         )
     )
     log.info(
@@ -207,6 +226,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
     )
     stop = guard.stop_check(life.stop_check(), out)
 
+    work_began = time.time()
     outcome, driver = _attempt(
         adapter, request, sandbox, placement, secrets, out, limits, stop, 1, started
     )
@@ -239,6 +259,8 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
             "sandbox.turn_failed", extra={"run_id": run_id, "turn": turn, "error": terminal.error}
         )
 
+    if resolved.network == "egress":
+        _publish_denials(sandbox, run_id, work_began, out, options.harness)
     final_text = terminal.text if isinstance(terminal, TurnComplete) else None
     refused_next = guard.next_turn_refusal(out.usage) is not None
     parked = parking.park(deps, payload, options, record, terminal, refused_next)
@@ -257,6 +279,44 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
     if parked is not None:
         parking.dispatch(deps, parked)
     return label
+
+
+def _egress_labels(network: str, options: RunOptions) -> dict[str, str]:
+    """What the egress gateway applies to the run's container: its harness's allowlist, and
+    its base URL's endpoint (allowed when policy allows producer endpoints)."""
+    if network != "egress":
+        return {}
+    return {
+        LABEL_HARNESS: options.harness,
+        LABEL_BASE_URL: base_url_endpoint(options.base_url) or "",
+    }
+
+
+def _publish_denials(
+    sandbox: Sandbox, run_id: str, since: float, out: attempt.Publishing, harness: str
+) -> None:
+    """The connections the egress gateway refused during the turn's work, as ``network``
+    activities before its terminal event (at most ``MAX_DENIAL_EVENTS``; all are counted)."""
+    read = getattr(sandbox, "network_denials", None)
+    if read is None:
+        return
+    try:
+        denials = read(run_id, since, time.time())
+    except SandboxError as exc:
+        log.warning("egress.denials_unread", extra={"run_id": run_id, "error": str(exc)})
+        return
+    if not denials:
+        return
+    metrics.egress_denied(harness, [d.rule for d in denials])
+    log.info("egress.denied", extra={"run_id": run_id, "count": len(denials)})
+    out.send(
+        [
+            SandboxActivity(
+                kind="network", description=d.describe(), host=d.host, port=d.port, denied=True
+            )
+            for d in denials[:MAX_DENIAL_EVENTS]
+        ]
+    )
 
 
 def _explain_kill(terminal: Event, sandbox: Sandbox, run_id: str) -> Event:

@@ -46,7 +46,13 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
     "turn-started": {"harness": STRING, "attempt": INT, "input_chars": INT},
     "session": {"session_id": STRING, "resumed": BOOL, "model": OPT_STRING},
     "assistant-text": {"text": STRING},
-    "sandbox-activity": {"kind": STRING, "description": STRING},
+    "sandbox-activity": {  # host, port, denied: kind network (CONTRACT.md, "Next additions")
+        "kind": STRING,
+        "description": STRING,
+        "host": OPT_STRING,
+        "port": OPT_INT,
+        "denied": {"boolean", "null"},
+    },
     "permission-request": {"request_id": STRING, "description": STRING, "command": OPT_STRING},
     "workspace": {  # CONTRACT.md, "Next additions", and docs/events.md
         "snapshot": STRING,
@@ -92,7 +98,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
 }
 
 CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
-    ("sandbox-activity", "kind"): {"command", "file", "tool", "other"},
+    ("sandbox-activity", "kind"): {"command", "file", "tool", "network", "other"},
     ("usage", "source"): {"harness", "replay"},
     ("session-error", "reason"): {
         "rate-limited",
@@ -134,6 +140,13 @@ SAMPLES = [
     Session(session_id="s-2", resumed=False),
     AssistantText(text='héllo\n"quoted"'),
     SandboxActivity(kind="command", description="ls -la"),
+    SandboxActivity(
+        kind="network",
+        description="denied direct tcp 10.9.8.7:22",
+        host="10.9.8.7",
+        port=22,
+        denied=True,
+    ),
     PermissionRequest(request_id="p1", description="run rm", command="rm -rf x"),
     PermissionRequest(request_id="p2", description="edit", command=None),
     Usage(input_tokens=10, output_tokens=5, cached_input_tokens=3, cost_usd=0.25),
