@@ -159,8 +159,8 @@ def run(bench: Bench) -> RowResult:
         )
     )  # fmt: skip
     result.notes.append(
-        f"row 7 ran {repeats} repeats on {files:,} files; snapshot = scan with stat cache + "
-        "one git fast-import + git diff-tree --numstat"
+        f"{repeats} repeats on {files:,} files; a snapshot is a scan with a stat cache, one "
+        "git fast-import and one git diff-tree --numstat"
     )
     shutil.rmtree(base, ignore_errors=True)
     return result

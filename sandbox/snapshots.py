@@ -172,7 +172,7 @@ class SnapshotStore:
             except (OSError, UnsafePath, GitError) as exc:
                 importer.abort()
                 raise SnapshotError(f"cannot snapshot turn {turn}: {exc}") from exc
-            self._save_manifest(commit, current)
+            self._save_manifest(commit, current, previous)
         return self._summary(turn, commit, parent, changes, scan)
 
     def restore(
@@ -211,7 +211,7 @@ class SnapshotStore:
             except SnapshotError:
                 importer.abort()
                 raise
-            self._save_manifest(commit, current)
+            self._save_manifest(commit, current, previous)
         note = f"not restored (large file content not kept): {', '.join(kept)}" if kept else ""
         result = ScanResult(
             entries=current,
@@ -337,11 +337,13 @@ class SnapshotStore:
         if commit is None:
             return {}
         try:
-            with open(self.path / MANIFEST, "rb") as f:
-                data = marshal.load(f)
-            if data.get("version") == MANIFEST_VERSION and data.get("commit") == commit:
-                return {path: Entry(*fields) for path, fields in data["entries"].items()}
+            described = (self.path / f"{MANIFEST}.commit").read_text()
+            data = marshal.loads((self.path / MANIFEST).read_bytes())
+            if data.get("version") == MANIFEST_VERSION and described == commit:
+                make = tuple.__new__  # 10,000s of entries: skip NamedTuple's __new__
+                return {path: make(Entry, fields) for path, fields in data["entries"].items()}
         except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError):
+            # No manifest, or one of another commit: rebuilt from the tree below.
             pass
         tree = ls_tree(self.path, commit, self._home(), self.limits.timeout_s)
         entries: dict[str, Entry] = {}
@@ -356,16 +358,24 @@ class SnapshotStore:
                 entries[path] = Entry(item.mode, item.oid, size, large=large)
         return entries
 
-    def _save_manifest(self, commit: str, entries: Mapping[str, Entry]) -> None:
-        data = {
-            "version": MANIFEST_VERSION,
-            "commit": commit,
-            "entries": {path: tuple(entry) for path, entry in entries.items()},
-        }
-        temporary = self.path / f"{MANIFEST}.tmp"
-        with open(temporary, "wb") as f:
-            marshal.dump(data, f)
-        temporary.replace(self.path / MANIFEST)
+    def _save_manifest(
+        self, commit: str, entries: Mapping[str, Entry], previous: Mapping[str, Entry]
+    ) -> None:
+        """The manifest, and in a small file of its own the commit it describes (an unchanged
+        snapshot rewrites only that)."""
+        pointer = self.path / f"{MANIFEST}.commit"
+        pointer.unlink(missing_ok=True)  # never a new commit named next to an old manifest
+        if entries != previous or not (self.path / MANIFEST).exists():
+            data = {
+                "version": MANIFEST_VERSION,
+                "entries": {path: tuple(entry) for path, entry in entries.items()},
+            }
+            temporary = self.path / f"{MANIFEST}.tmp"
+            temporary.write_bytes(marshal.dumps(data))
+            temporary.replace(self.path / MANIFEST)
+        temporary = self.path / f"{MANIFEST}.commit.tmp"
+        temporary.write_text(commit)
+        temporary.replace(pointer)
 
     def _scan(self, workspace: Path, previous: Mapping[str, Entry], sink: FastImport) -> ScanResult:
         limits = self.limits

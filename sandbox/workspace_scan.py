@@ -70,13 +70,8 @@ class Entry(NamedTuple):
     trusted: bool = False
 
     def same_stat(self, st: os.stat_result) -> bool:
-        return (
-            self.trusted
-            and self.size == st.st_size
-            and self.mtime_ns == st.st_mtime_ns
-            and self.ctime_ns == st.st_ctime_ns
-            and self.ino == st.st_ino
-        )
+        # Tuple indexing: this runs once per file per snapshot.
+        return self[7] and self[2:6] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def blob_id(data: bytes) -> str:
@@ -99,17 +94,21 @@ class IgnoreRules:
 
     def __init__(self, extra: Iterable[str] = ()) -> None:
         patterns = (*DEFAULT_IGNORE, *extra)
-        self.anchored = tuple(p[1:] for p in patterns if p.startswith("/"))
-        self.names = tuple(p for p in patterns if not p.startswith("/"))
-        self._exact_names = frozenset(p for p in self.names if not _has_magic(p))
-        self._glob_names = tuple(p for p in self.names if _has_magic(p))
+        anchored = [p[1:] for p in patterns if p.startswith("/")]
+        names = [p for p in patterns if not p.startswith("/")]
+        self._exact_paths = frozenset(p for p in anchored if not _has_magic(p))
+        self._glob_paths = tuple(p for p in anchored if _has_magic(p))
+        self._exact_names = frozenset(p for p in names if not _has_magic(p))
+        self._glob_names = tuple(p for p in names if _has_magic(p))
 
     def ignored(self, path: str, name: str) -> bool:
-        if name in self._exact_names:
+        if name in self._exact_names or path in self._exact_paths:
             return True
-        if any(fnmatch.fnmatchcase(name, p) for p in self._glob_names):
+        if self._glob_names and any(fnmatch.fnmatchcase(name, p) for p in self._glob_names):
             return True
-        return any(fnmatch.fnmatchcase(path, p) for p in self.anchored)
+        return bool(self._glob_paths) and any(
+            fnmatch.fnmatchcase(path, p) for p in self._glob_paths
+        )
 
     def ignored_path(self, path: str) -> bool:
         """Whether ``path`` or any directory above it is ignored."""
@@ -187,9 +186,10 @@ class Scanner:
             path = prefix + name
             if self.rules.ignored(path, name):
                 continue
-            if len(self.result.entries) >= self.bounds.max_files:
+            count = len(self.result.entries)
+            if count >= self.bounds.max_files:
                 raise _Stop(f"stopped at max_files={self.bounds.max_files}")
-            if time.monotonic() > self.bounds.deadline:
+            if count % 256 == 0 and time.monotonic() > self.bounds.deadline:
                 raise _Stop("stopped at the snapshot time limit")
             try:
                 st = child.stat(follow_symlinks=False)
