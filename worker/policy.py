@@ -12,6 +12,7 @@ import adapters
 from adapters.protocol import Capabilities, TurnRequest
 from config import Settings
 from sandbox.egress import EgressConfig, Endpoint, base_url_endpoint
+from sandbox.seeding import SeedError, check_repo_url
 from worker.errors import InvalidInput
 from worker.spec import RunOptions
 
@@ -98,10 +99,13 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
             f"network {network!r} is not allowed (operator policy HARNESS_ALLOWED_NETWORKS)"
         )
     if network == "egress" and options.base_url and not settings.egress_allow_base_url:
-        raise InvalidInput(
-            "--base-url cannot be reached with network egress: its host is not in the "
-            "allowlist (operator policy HARNESS_EGRESS_ALLOW_BASE_URL)"
-        )
+        endpoint = base_url_endpoint(options.base_url)
+        if endpoint not in settings.egress_allow.get(harness, ()):
+            raise InvalidInput(
+                f"--base-url cannot be reached with network egress: {endpoint} is not in "
+                f"{harness}'s allowlist (operator policy HARNESS_EGRESS_ALLOW, "
+                "HARNESS_EGRESS_ALLOW_BASE_URL)"
+            )
 
     executable = options.executable
     if harness == "stdio-json":
@@ -156,6 +160,13 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
             f"pids {options.pids} exceeds the operator's ceiling of {settings.max_pids} "
             "(HARNESS_MAX_PIDS)"
         )
+    if options.repo:
+        try:
+            check_repo_url(options.repo, settings.repo_schemes, settings.repo_hosts)
+        except SeedError as exc:
+            raise InvalidInput(
+                f"--repo: {exc} (operator policy HARNESS_REPO_SCHEMES, HARNESS_REPO_HOSTS)"
+            ) from None
     warnings = capability_warnings(options)
     return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
 

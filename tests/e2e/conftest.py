@@ -1,9 +1,12 @@
 """End to end: the ``harness`` command → Celery → a real worker → Docker → the real CLI → Redis.
 
 One deployment per pytest process (so per xdist worker): its own key prefix (and so its own
-queues, run keys and container scope), its own worker process on the Docker sandbox with host
-networking, and its own fake model server on loopback, which the containers reach because they
-share the host's network. Tests drive ``python -m worker.cli`` as subprocesses and check what
+queues, run keys and container scope), its own worker process on the Docker sandbox with
+network ``egress`` (its own egress network and gateway, sandbox/egress.py), and its own fake
+model server over HTTPS on docker0's address (172.17.0.1), named ``fake-model.test`` (pinned
+by the worker's egress policy), with a certificate of a test CA that the harness image used
+here trusts (``harness-worker/clis-testca:*``, built on the CLI image). The containers reach
+it only through the gateway; a ``forbidden`` server next to it they may not reach at all. Tests drive ``python -m worker.cli`` as subprocesses and check what
 they print against the Redis stream (HarnessClient), the run record, the containers and the
 fake server's request log.
 
@@ -24,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -33,6 +37,7 @@ from adapters.events import EVENT_TYPES, TERMINAL_TYPES
 from tests.conftest import ROOT
 from tests.fakemodel import FakeModelServer, RecordedRequest
 from tests.fakemodel.clis import FAKE_KEY
+from tests.fakemodel.tls import TestCA, make_test_ca
 from tests.integration.conftest import Env, WorkerProcess, make_env, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
 from worker.client import HarnessClient
@@ -200,6 +205,70 @@ def parse_follow(lines: list[str], returncode: int, stderr: str) -> Followed:
 
 
 # --------------------------------------------------------------------------- deployment
+MODEL_NAME = "fake-model.test"
+FORBIDDEN_NAME = "forbidden.test"
+TEST_HOST = "172.17.0.1"
+"""docker0's address on this machine: the gateway reaches the test servers there."""
+CA_DIR = "/tmp/harness-e2e-ca"
+
+
+class ForbiddenServer:
+    """A server no run may reach (an HTTP server on docker0's address): it counts every
+    connection it accepts, so a test can show that none got through."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                server.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"forbidden-server-reached")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.connections = 0
+        self._httpd = http.server.ThreadingHTTPServer((TEST_HOST, 0), Handler)
+        self.port = int(self._httpd.server_address[1])
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def forbidden_command(port: int) -> str:
+    """A tool call that tries the forbidden server by name and by raw IP through the proxy
+    (git honours the proxy variables), by raw IP directly (bash's /dev/tcp), and a DNS query
+    to a resolver other than the gateway's (UDP to the forbidden host's port 53): each must
+    fail at once."""
+    query = "0001010000010000000000000474657374076578616d706c650000010001"
+    dns = (
+        "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(5);"
+        f"s.connect(('{TEST_HOST}',53));s.send(bytes.fromhex('{query}'));s.recv(512)"
+    )
+    return (
+        f"git ls-remote http://{FORBIDDEN_NAME}:{port}/r.git 2>&1 | tail -n 1; "
+        f"git ls-remote http://{TEST_HOST}:{port}/r.git 2>&1 | tail -n 1; "
+        f"(exec 3<>/dev/tcp/{TEST_HOST}/{port}) 2>&1 | tail -n 1; "
+        f'python3 -c "{dns}" 2>&1 | tail -n 1; echo forbidden-attempts-done'
+    )
+
+
+def egress_subnet() -> str:
+    """One egress network per pytest process (xdist worker): its own subnet."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return f"172.30.{210 + index}.0/24"
+
+
 @dataclass
 class Deployment:
     env: Env
@@ -207,6 +276,7 @@ class Deployment:
     fake: FakeModelServer
     client: HarnessClient
     docker: Any
+    forbidden: ForbiddenServer | None = None
     made: list[str] = field(default_factory=list)
 
     def cli_env(self) -> dict[str, str]:
@@ -287,15 +357,58 @@ def clis_image_e2e() -> str:
 
 
 @pytest.fixture(scope="session")
+def test_ca() -> TestCA:
+    return make_test_ca(Path(CA_DIR), (MODEL_NAME,))
+
+
+def trusting_image(base: str, ca: TestCA) -> str:
+    """``base`` plus the test CA in its trust store (system bundle, Node's and OpenSSL's
+    variables), built once per CA and base image."""
+    import hashlib
+    import tempfile
+
+    client = docker.from_env()
+    base_id = client.images.get(base).id
+    digest = hashlib.sha256(base_id.encode() + ca.ca_pem.read_bytes()).hexdigest()[:12]
+    tag = f"harness-worker/clis-testca:{digest}"
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.get(tag)
+        return tag
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "ca.pem").write_bytes(ca.ca_pem.read_bytes())
+        bundle = "/etc/ssl/certs/ca-certificates.crt"
+        (Path(context) / "Dockerfile").write_text(
+            f"FROM {base}\nUSER root\n"
+            "COPY ca.pem /usr/local/share/ca-certificates/harness-test-ca.crt\n"
+            "RUN update-ca-certificates >/dev/null\n"
+            f"ENV NODE_EXTRA_CA_CERTS={bundle} SSL_CERT_FILE={bundle}\n"
+            "USER 1000:1000\n"
+        )
+        client.images.build(path=context, tag=tag, network_mode="none", rm=True)
+    return tag
+
+
+@pytest.fixture(scope="session")
 def deployment(
-    clis_image_e2e: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    clis_image_e2e: str,
+    test_ca: TestCA,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Deployment]:
+    with build_lock():
+        image = trusting_image(clis_image_e2e, test_ca)
+        ensure_images(["gateway"])
+    subnet = egress_subnet()
     env = make_env(
         tmp_path_factory.mktemp("e2e"),
         redis_url,
         HARNESS_SANDBOX="docker",
-        HARNESS_NETWORK="host",
-        HARNESS_ALLOWED_NETWORKS="none,host",
+        HARNESS_NETWORK="egress",
+        HARNESS_ALLOWED_NETWORKS="none,host,egress",
+        HARNESS_IMAGES=",".join(f"{h}={image}" for h in HARNESSES),
+        HARNESS_EGRESS_SUBNET=subnet,
+        HARNESS_EGRESS_HOSTS=f"{MODEL_NAME}={TEST_HOST},{FORBIDDEN_NAME}={TEST_HOST}",
+        HARNESS_EGRESS_ALLOW_BASE_URL="true",
         HARNESS_GRANTS=GRANTS,
         HARNESS_RETENTION_S="3600",
         HARNESS_CONCURRENCY="4",
@@ -304,13 +417,18 @@ def deployment(
         HARNESS_REPO_HOSTS="127.0.0.1",
     )
     client = docker.from_env()
-    with FakeModelServer() as fake:
+    forbidden = ForbiddenServer()
+    fake = FakeModelServer(host=TEST_HOST, tls=test_ca.server_context(), name=MODEL_NAME)
+    with fake:
+        fake.forbidden_command = forbidden_command(forbidden.port)
         worker = start_worker(env, **WORKER_SECRETS)
-        deployment = Deployment(env, worker, fake, env.client(), client)
+        deployment = Deployment(env, worker, fake, env.client(), client, forbidden)
         try:
             yield deployment
         finally:
             worker.stop()
+            forbidden.close()
+            remove_gateway(client, env.prefix)
             for container in client.containers.list(
                 all=True,
                 filters={"label": ["harness.managed=true", f"harness.scope={env.prefix}"]},
@@ -320,6 +438,14 @@ def deployment(
             for c in env.clients:
                 c.close()
             client.close()
+
+
+def remove_gateway(client: Any, scope: str) -> None:
+    """The deployment's egress gateway and network (sandbox/egress.py names them by scope)."""
+    with contextlib.suppress(docker.errors.APIError):
+        client.containers.get(f"harness-egress-gateway-{scope}").remove(force=True)
+    with contextlib.suppress(docker.errors.APIError):
+        client.networks.get(f"harness-egress-{scope}").remove()
 
 
 @pytest.fixture

@@ -27,10 +27,15 @@ SCENARIOS: tuple[str, ...] = (
     "http-500",
     "slow",
     "truncated",
+    "forbidden",
 )
 
 TEXT_ANSWER = "Hello from the fake model."
 """The whole answer of the ``text`` and ``slow`` scenarios."""
+
+FORBIDDEN_DONE = "forbidden-attempts-done"
+"""What the ``forbidden`` scenario's command prints last (its attempts are the server's
+``forbidden_command``: see tests/e2e/test_egress.py)."""
 
 TOOL_COMMAND = "echo tool-ran-$((6*7))"
 """The shell command of the ``tool`` scenario; it prints ``tool-ran-42``."""

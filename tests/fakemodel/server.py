@@ -18,6 +18,7 @@ import contextlib
 import gzip
 import json
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -249,7 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(reply.status, reply.body, reply.headers)
             return
 
-        answer = self._answer(conv, choice.scenario, model)
+        answer = self._answer(conv, choice.scenario, model, self.server.fake.forbidden_command)
         streamed = kind == "stream" or (api != "gemini" and body.get("stream") is True)
         record.streamed = streamed
         record.status = 200
@@ -274,8 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._stream(frames, delay, answer.truncated)
 
     @staticmethod
-    def _answer(conv: Conversation, scenario: str, model: str) -> Answer:
-        if scenario in ("tool", "edit"):
+    def _answer(conv: Conversation, scenario: str, model: str, forbidden: str = "") -> Answer:
+        if scenario in ("tool", "edit", "forbidden"):
             results = conv.tool_results()
             if results:
                 return Answer(model, (final_tool_text(results),))
@@ -285,7 +286,8 @@ class _Handler(BaseHTTPRequestHandler):
                     model,
                     tool_name=str(tool["name"]),
                     tool_args=shell_arguments(
-                        tool, EDIT_COMMAND if scenario == "edit" else TOOL_COMMAND
+                        tool,
+                        {"edit": EDIT_COMMAND, "forbidden": forbidden}.get(scenario, TOOL_COMMAND),
                     ),
                 )
             return Answer(model, (TEXT_ANSWER,))
@@ -345,7 +347,8 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class FakeModelServer:
-    """The fake model server, in a background thread on ``127.0.0.1``.
+    """The fake model server, in a background thread on ``127.0.0.1`` (or ``host``; with
+    ``tls``, HTTPS, and ``name`` in its URL).
 
     ``with FakeModelServer() as fake:`` starts it on a free port (or ``port``); ``fake.url``
     is the base URL without a path (``http://127.0.0.1:PORT``). ``scenario`` is the default
@@ -361,7 +364,17 @@ class FakeModelServer:
         port: int = 0,
         answer_model: str | None = None,
         slow_delay: float = DEFAULT_SLOW_DELAY_S,
+        host: str = "127.0.0.1",
+        tls: ssl.SSLContext | None = None,
+        name: str | None = None,
     ) -> None:
+        self.host = host
+        self.tls = tls
+        self.name = name or host
+        """The host name in :attr:`url` (a name the egress gateway pins to ``host``)."""
+        self.forbidden_command = ""
+        """The shell command of the ``forbidden`` scenario's tool call (set by the test: it
+        tries servers the run may not reach)."""
         self.set_scenario(scenario)
         self.answer_model = answer_model
         self.slow_delay = slow_delay
@@ -375,7 +388,9 @@ class FakeModelServer:
     def start(self) -> FakeModelServer:
         if self._httpd is not None:
             return self
-        httpd = _HTTPServer(("127.0.0.1", self._requested_port), _Handler)
+        httpd = _HTTPServer((self.host, self._requested_port), _Handler)
+        if self.tls is not None:
+            httpd.socket = self.tls.wrap_socket(httpd.socket, server_side=True)
         httpd.fake = self
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -410,7 +425,8 @@ class FakeModelServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.name}:{self.port}"
 
     # -- scripting
     def set_scenario(self, name: str) -> None:

@@ -19,7 +19,11 @@ from sandbox.base import Placement, RunSpec
 from sandbox.docker import DockerSandbox
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGES = {"demo": "harness-worker/demo:1", "clis": "harness-worker/clis:1"}
+IMAGES = {
+    "demo": "harness-worker/demo:1",
+    "clis": "harness-worker/clis:1",
+    "gateway": "harness-worker/gateway:1",
+}
 
 
 def docker_problem() -> str | None:
