@@ -74,8 +74,8 @@ class Publishing:
         self.usage = UsageTotals()
         self.sessions: list[Session] = []
         self.text_parts: list[str] = []
-        self.guard: Callable[[UsageTotals], SessionError | None] | None = None
-        """Told the turn's usage after each ``usage`` event (the run's budget,
+        self.guard: Callable[[Event, UsageTotals], SessionError | None] | None = None
+        """Told every event with the turn's usage so far (the run's budget,
         :class:`worker.budgets.Guard`); what it returns stops the harness (:attr:`halt`)."""
         self.halt: SessionError | None = None
 
@@ -83,10 +83,10 @@ class Publishing:
         for event in events:
             if isinstance(event, Usage):
                 self.usage.add(event)
-                if self.guard is not None and self.halt is None:
-                    self.halt = self.guard(self.usage)
             elif isinstance(event, Session):
                 self.sessions.append(event)
+            if self.guard is not None and self.halt is None:
+                self.halt = self.guard(event, self.usage)
         self.publisher.publish(events)
 
 

@@ -26,7 +26,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.events import SessionError, session_error
+from adapters.events import (
+    AssistantText,
+    Event,
+    PermissionRequest,
+    SandboxActivity,
+    SessionError,
+    Usage,
+    session_error,
+)
 from config import Settings
 from worker.attempt import Publishing, UsageTotals
 from worker.errors import InvalidInput
@@ -160,22 +168,28 @@ class Over:
     budget: str
     limit: float
     used: float
+    estimated: bool = False
+    """``used`` counts output the harness streamed but had not reported usage for yet."""
 
     @property
     def exceeded(self) -> dict[str, Any]:
         over_by = self.used - self.limit
-        return {
+        out: dict[str, Any] = {
             "budget": self.budget,
             "limit": self.limit,
             "used": round(self.used, 6),
             "over_by": round(over_by, 6) if not math.isclose(over_by, 0) else 0,
         }
+        if self.estimated:
+            out["estimated"] = True
+        return out
 
     def error(self, when: str) -> SessionError:
         flag = "--" + self.budget.replace("_", "-")
+        about = " (estimated from its output so far)" if self.estimated else ""
         return session_error(
             f"the run's budget is spent {when}: {self.budget} {self.limit:g}, used "
-            f"{self.used:g}; raise it with `harness budget RUN_ID {flag} N` and send the "
+            f"{self.used:g}{about}; raise it with `harness budget RUN_ID {flag} N` and send the "
             "next turn (the session and the workspace are kept)",
             "budget",
         )
@@ -225,16 +239,39 @@ class Guard:
         self._cost = limits.get("max_cost_usd")
         self._wall = limits.get("max_wall_s")
         self.active = any(limits.get(name) is not None for name in LIMITS)
+        self._estimate = 0
+        """Tokens estimated from output streamed since the last usage event."""
+
+    def on_event(self, event: Event, turn: UsageTotals) -> SessionError | None:
+        """Every event of the turn as it is published, with the turn's usage so far: the
+        budget error once a limit is crossed, else None.
+
+        Output streamed since the harness last reported usage counts as an estimate of its
+        tokens (a quarter of its characters): claude-code, codex and gemini report usage only
+        with their final message, and a budget must stop them midway all the same.
+        """
+        if self.over is not None:
+            return None
+        if isinstance(event, Usage):
+            self._estimate = 0
+        elif isinstance(event, AssistantText):
+            self._estimate += math.ceil(len(event.text) / 4)
+        elif isinstance(event, SandboxActivity | PermissionRequest):
+            self._estimate += math.ceil(len(event.description) / 4)
+        else:
+            return None
+        return self.on_usage(turn)
 
     def on_usage(self, turn: UsageTotals) -> SessionError | None:
-        """The turn's usage so far: the budget error once a limit is crossed, else None."""
+        """The turn's usage so far against the token and cost limits."""
         if self.over is not None:
             return None
         before = self.before
         if self._tokens is not None:
-            used = before.tokens + turn.input_tokens + turn.output_tokens
+            used = before.tokens + turn.input_tokens + turn.output_tokens + self._estimate
             if used > self._tokens:
-                return self._crossed(Over("max_tokens", float(self._tokens), float(used)))
+                over = Over("max_tokens", float(self._tokens), float(used), self._estimate > 0)
+                return self._crossed(over)
         if self._cost is not None and turn.cost_usd is not None:
             cost = (before.cost_usd or 0.0) + turn.cost_usd
             if cost > self._cost:

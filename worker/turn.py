@@ -31,7 +31,16 @@ from adapters.protocol import TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
 from sandbox.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
-from worker import attempt, budgets, credentials, logs, metrics, parking, slots
+from worker import (
+    attempt,
+    budgets,
+    credentials,
+    logs,
+    metrics,
+    parking,
+    slots,
+    workspace_steps,
+)
 from worker.credentials import CREDENTIAL_ENV
 from worker.errors import InvalidInput, RunNotFound
 from worker.policy import (
@@ -116,8 +125,10 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
     header = TurnStarted(harness=options.harness, attempt=1, input_chars=len(payload.input))
 
     def started() -> None:
-        """The turn has published its ``turn-started``: its terminal continues that stream."""
+        """The turn has published its ``turn-started``: its terminal continues that stream,
+        after the rewinds done since the last turn."""
         life.publisher = out.publisher
+        out.send(wait(lambda: workspace_steps.take_rewinds(deps.redis, deps.keys, run_id)))
 
     def refuse(error: SessionError, *, run_status: RunStatus = "idle") -> str:
         out.send([header])
@@ -141,7 +152,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         return refuse(over.error("before the turn"))
     guard = budgets.Guard(record, settings)
     if guard.active:
-        out.guard = guard.on_usage
+        out.guard = guard.on_event
     secrets[CREDENTIAL_ENV] = life.issue_credential()
     logs.mask(secrets)
     out.publisher = RedisStreamPublisher(
@@ -154,6 +165,16 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         # Before the container exists: should this worker die while it is made, the run's
         # next turn must come to this host (and find it), not start a second one elsewhere.
         wait(lambda: deps.store.update(run_id, queue=host_queue))
+    work = workspace_steps.run_workspace(sandbox, run_id, options, settings)
+    workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
+    if turn == 1:
+        try:
+            seeded = workspace_steps.seed_first_turn(deps, run_id, work, options)
+        except InvalidInput as exc:
+            life.revoke_credential()
+            return refuse(session_error(str(exc), "invalid-input"), run_status="failed")
+        if seeded is not None:
+            wait(lambda: deps.store.update(run_id, **seeded))
     lease_until = time.time() + settings.run_lease_s
     try:
         placement = sandbox.prepare(
@@ -261,6 +282,11 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
 
     if resolved.network == "egress":
         _publish_denials(sandbox, run_id, work_began, out, options.harness)
+    if settings.snapshots or options.push_branch:
+        change = workspace_steps.after_turn(work, turn, payload.input, options, settings)
+        out.send([change])
+        if change.snapshot:
+            wait(lambda: deps.store.update(run_id, snapshot=change.snapshot))
     final_text = terminal.text if isinstance(terminal, TurnComplete) else None
     refused_next = guard.next_turn_refusal(out.usage) is not None
     parked = parking.park(deps, payload, options, record, terminal, refused_next)

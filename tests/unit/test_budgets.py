@@ -90,6 +90,28 @@ def test_a_turn_is_refused_when_a_spend_limit_is_reached_or_its_number_is_above_
     }
 
 
+def test_output_streamed_before_usage_is_reported_counts_as_an_estimate() -> None:
+    from adapters.events import AssistantText, Usage
+
+    record = RunRecord(run_id="r" + "0" * 24, status="running", budget={"max_tokens": 10})
+    guard = budgets.Guard(record, load_settings())
+    turn = UsageTotals()
+    assert guard.on_event(AssistantText(text="x" * 36), turn) is None  # about 9 tokens
+    error = guard.on_event(AssistantText(text="more text"), turn)
+    assert error is not None and "estimated" in error.error
+    assert guard.changes()["budget_exceeded"] == {
+        "budget": "max_tokens",
+        "limit": 10.0,
+        "used": 12.0,
+        "over_by": 2.0,
+        "estimated": True,
+    }
+    fresh = budgets.Guard(record, load_settings())
+    fresh.on_event(AssistantText(text="x" * 36), turn)
+    turn.add(Usage(input_tokens=2, output_tokens=3))  # the harness's own count replaces it
+    assert fresh.on_event(Usage(input_tokens=2, output_tokens=3), turn) is None
+
+
 def test_cost_counts_only_what_a_harness_priced() -> None:
     record = RunRecord(run_id="r" + "0" * 24, status="running", budget={"max_cost_usd": 1.0})
     guard = budgets.Guard(record, load_settings())
@@ -126,8 +148,7 @@ def test_a_token_budget_stops_the_harness_mid_turn_with_reason_budget(world: Wor
 
 def test_a_spent_budget_refuses_the_next_turn_before_the_harness_runs(world: World) -> None:
     run_id = world.run(max_tokens=100)
-    world.turn(run_id, "@usage 120 0\n@complete done")  # finished before we saw the usage
-    assert _terminal(world, run_id, 1)["type"] == "turn-complete"
+    assert world.turn(run_id, "@usage 120 0\n@sleep 20") == "failed:budget"
     turn = _next_turn(world, run_id, "again")
     assert world.turn(run_id, "again", turn=turn) == "failed:budget"
     events = world.events(run_id, turn)
