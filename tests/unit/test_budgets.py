@@ -337,3 +337,19 @@ def stdio_json_request() -> Any:
     from adapters.protocol import TurnRequest
 
     return TurnRequest(input="x", turn=1, workspace="/w", home="/w/.home", executable="h")
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_the_spend_timing_table_in_the_docs_matches_the_adapters() -> None:
+    import adapters
+    from tests.unit.test_docs import ROOT, section, table_rows, ticked
+
+    rows = table_rows(section((ROOT / "docs" / "adapters.md").read_text(), "spend-timing"))
+    documented = {ticked(row[0])[0]: row[2] for row in rows}
+    assert set(documented) == set(adapters.HARNESS_IDS) == set(budgets.COST_AT_END)
+    for harness, cost in documented.items():
+        priced = adapters.capabilities(harness)["cost_reporting"]
+        assert (cost == "never") == (not priced), harness
+        assert (cost == "at the end of the turn only") == budgets.COST_AT_END[harness], harness
