@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.fakemodel.apis import APIS, Answer, Chat, Gemini, sse
+from tests.fakemodel.limits import Windows, limited_reply
 from tests.fakemodel.scenarios import (
     DEFAULT_SLOW_DELAY_S,
     EDIT_COMMAND,
@@ -244,6 +245,12 @@ class _Handler(BaseHTTPRequestHandler):
             key = "totalTokens" if api == "gemini" else "input_tokens"
             self._json(200, {key: USAGE.input_tokens})
             return
+        window = limited_reply(fake.windows, handler, conv.prompt_text())
+        if window is not None:  # a limit that ends (tests/fakemodel/limits.py)
+            record.scenario = "limited"
+            record.status = window.status
+            self._json(window.status, window.body, window.headers)
+            return
         if choice.scenario in ERROR_SCENARIOS:
             reply = handler.error(choice.scenario)
             record.status = reply.status
@@ -378,6 +385,8 @@ class FakeModelServer:
         self.set_scenario(scenario)
         self.answer_model = answer_model
         self.slow_delay = slow_delay
+        self.windows = Windows()
+        """Open windows of ``[limited:...]`` markers (tests/fakemodel/limits.py)."""
         self._requested_port = port
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
@@ -456,6 +465,7 @@ class FakeModelServer:
     def reset(self) -> None:
         """Back to the defaults, with an empty log (between tests)."""
         self.clear()
+        self.windows.clear()
         self.scenario = "text"
         self.answer_model = None
         self.slow_delay = DEFAULT_SLOW_DELAY_S
