@@ -406,7 +406,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     _check_utf8_args(args)
     client = HarnessClient()
-    renderer = Renderer(json_output=args.json)
+    renderer = Renderer(json_output=getattr(args, "json", False))
     if args.command == "run":
         prompt = _text_arg(args.prompt, "prompt")
         run_id = client.start_run(

@@ -524,7 +524,13 @@ class HarnessClient:
         if from_turn is None and to_turn is not None:
             from_turn = 0
         parts: list[bytes] = []
-        sink = out.write if out is not None else parts.append
+
+        def sink(data: bytes) -> None:
+            if out is not None:
+                out.write(data)
+            else:
+                parts.append(data)
+
         self.workspace.ask(
             run_id, self._queue(run_id), "diff", sink, turn=to_turn, from_turn=from_turn
         )

@@ -21,9 +21,24 @@ from celery.signals import (
 from adapters.events import session_error
 from config import get_settings
 from sandbox.base import SandboxError
-from worker import host_queues, hosts, lifecycle, logs, metrics, runtime
+from worker import (
+    host_queues,
+    hosts,
+    lifecycle,
+    logs,
+    metrics,
+    runtime,
+    workspace_ops,
+    workspace_steps,
+)
 from worker.app import app, direct_queue
-from worker.app_names import TASK_END_RUN, TASK_REAP, TASK_REAP_HOST, TASK_RUN_TURN
+from worker.app_names import (
+    TASK_END_RUN,
+    TASK_REAP,
+    TASK_REAP_HOST,
+    TASK_RUN_TURN,
+    TASK_WORKSPACE,
+)
 from worker.errors import RunNotFound
 from worker.spec import TurnPayload
 from worker.turn import execute_turn
@@ -67,6 +82,16 @@ def run_turn(self: Task, payload: dict[str, Any]) -> str:
 @app.task(name=TASK_END_RUN, acks_late=True)
 def end_run(run_id: str) -> bool:
     return lifecycle.end_run(runtime.deps(), run_id)
+
+
+@app.task(name=TASK_WORKSPACE)
+def workspace(request: dict[str, Any]) -> str:
+    """Diff, export or rewind of a run's workspace; the reply goes through Redis."""
+    deps = runtime.deps()
+    with logs.context(run_id=str(request.get("run_id", ""))):
+        return workspace_ops.serve(
+            deps, request, workspace_steps.binary_client_for(deps.settings.redis_url)
+        )
 
 
 @app.task(name=TASK_REAP_HOST)

@@ -139,6 +139,9 @@ class ReplyWriter:
             del self._pending[:CHUNK_BYTES]
         return len(data)
 
+    def tell(self) -> int:
+        return self.sent + len(self._pending)
+
     def flush(self) -> None:
         """Nothing to do: chunks leave whole (``tarfile`` and ``gzip`` call it)."""
 
@@ -167,7 +170,7 @@ class ReplyWriter:
 def read_reply(
     client: BinaryRedis,
     key: str,
-    on_data: Callable[[bytes], None],
+    on_data: Callable[[bytes], object],
     *,
     timeout_s: float,
     alive: Callable[[], bool] | None = None,

@@ -53,7 +53,7 @@ class WorkspaceRequests:
         run_id: str,
         queue: str | None,
         op: str,
-        on_data: Callable[[bytes], None],
+        on_data: Callable[[bytes], object],
         *,
         turn: int | None = None,
         from_turn: int | None = None,

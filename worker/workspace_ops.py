@@ -12,7 +12,7 @@ of rewinds, which the next turn publishes as ``workspace`` events after its ``tu
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -102,7 +102,7 @@ def _serve(deps: TurnDeps, request: WorkspaceRequest, writer: ReplyWriter) -> st
         writer.end({"from_turn": start, "to_turn": turn})
         return "diff"
     if request.op == "export":
-        size = work.store.export(turn, writer, deps.settings.export_max_bytes)
+        size = work.store.export(turn, cast(BinaryIO, writer), deps.settings.export_max_bytes)
         writer.end({"turn": turn, "bytes": size})
         return "export"
     return _rewind(deps, request, writer, work, turn, record.status, record.turns)

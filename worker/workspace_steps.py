@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from adapters.events import WORKSPACE_LIST_LIMIT, WorkspaceChange
+from adapters.events import WORKSPACE_LIST_LIMIT, Event, WorkspaceChange
 from config import Settings
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_container import parse_user
@@ -35,9 +35,9 @@ from sandbox.seeding import (
 from sandbox.snapshots import SnapshotLimits, SnapshotStore, SnapshotSummary
 from sandbox.workspace import make_owned_workspace, workspace_dir
 from worker.errors import InvalidInput
-from worker.spec import RunOptions
 from worker.keys import Keys, SyncRedis
 from worker.records import RecordChanges
+from worker.spec import RunOptions
 from worker.transfer import BinaryRedis, binary_client, receive_upload
 from worker.turn_deps import TurnDeps
 
@@ -225,7 +225,7 @@ def wait_for_rewind(redis: SyncRedis, keys: Keys, run_id: str) -> None:
         time.sleep(0.1)
 
 
-def take_rewinds(redis: SyncRedis, keys: Keys, run_id: str) -> list[WorkspaceChange]:
+def take_rewinds(redis: SyncRedis, keys: Keys, run_id: str) -> list[Event]:
     """The rewinds done since the last turn, as events, removed from the run's list."""
     key = keys.rewinds(run_id)
     pending = redis.lrange(key, 0, -1)

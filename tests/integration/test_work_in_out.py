@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tarfile
@@ -98,7 +97,9 @@ def script(*lines: str) -> str:
 
 
 def run_cmd(command: str) -> str:
-    return "@run sh -c " + shlex.quote(command)
+    """A demo ``@run`` of a shell command (the demo splits its arguments on whitespace, so
+    the command's own spaces become ``${IFS}``: none around a redirection or ``&&``)."""
+    return "@run sh -c " + command.replace(" ", "${IFS}")
 
 
 def turn_events(client: HarnessClient, run_id: str, turn: int) -> list[StreamEvent]:
@@ -132,7 +133,7 @@ def test_seeded_repo_turns_diff_export_rewind_and_push(
     env, worker = deployment
     first = script(
         "change the app, add notes",
-        run_cmd("echo 'print(42)' >> src/app.py && echo note > notes.txt && rm bin.dat"),
+        run_cmd("echo 'print(42)'>>src/app.py&&echo note>notes.txt&&rm bin.dat"),
         "@env " + TOKEN_VAR,
         "@complete done",
     )
@@ -147,9 +148,10 @@ def test_seeded_repo_turns_diff_export_rewind_and_push(
     events = turn_events(client, run_id, 1)
     assert events[-1].type == "turn-complete", [e.as_dict() for e in events]
     change = workspace_event(events)
-    assert change["added"] == ["notes.txt"] and change["modified"] == ["src/app.py"]
+    assert change["added"] == ["notes.txt"], [e.as_dict() for e in events]
+    assert change["modified"] == ["src/app.py"]
     assert change["deleted"] == ["bin.dat"]
-    assert change["lines_added"] == 2 and change["lines_removed"] == 0
+    assert change["lines_added"] == 2 and change["lines_removed"] == 1  # bin.dat: "x"
     assert change["pushed_branch"] == "agent/work" and change["snapshot"]
     record = client.status(run_id)
     assert record["seed"] == f"{server.url('seed.git')}@main"
@@ -166,7 +168,7 @@ def test_seeded_repo_turns_diff_export_rewind_and_push(
     # first line; every request to the server carried the worker's credential.
     assert server.log("seed.git", "agent/work") == [
         "change the app, add notes",
-        "the workspace before the first turn",
+        f"seed: {server.url('seed.git')} at main",
         "seed",
     ]
     assert all(auth is not None for _, _, auth in server.requests)
@@ -196,11 +198,11 @@ def test_seeded_repo_turns_diff_export_rewind_and_push(
     assert summary["deleted"] == ["notes.txt"] and summary["modified"] == ["src/app.py"]
 
     # The next turn sees the rewound workspace, and its stream records the rewind first.
-    client.submit_turn(run_id, script("look", run_cmd("ls; cat src/app.py"), "@complete ok"))
+    client.submit_turn(run_id, script("look", run_cmd("ls;cat src/app.py"), "@complete ok"))
     events = turn_events(client, run_id, 2)
     assert [e.type for e in events][:2] == ["turn-started", "workspace"]
     assert events[1].data["rewound_to"] == 0
-    listing = json.dumps([e.data for e in events if e.type == "sandbox-activity"])
+    listing = json.dumps([e.data for e in events if e.type == "assistant-text"])
     assert "notes.txt" not in listing and "bin.dat" in listing and "print(42)" not in listing
     change = workspace_event(events[2:])
     assert change["added"] == [] and change["modified"] == [] and change["deleted"] == []
@@ -213,7 +215,8 @@ def test_archive_seed_upload_and_the_export_ceiling(
     env, _ = deployment
     archive = tmp_path / "seed.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
-        for name, data in {"hello.txt": b"hello from the archive\n", "big.bin": b"\0" * 150_000}:
+        files = {"hello.txt": b"hello from the archive\n", "big.bin": b"\0" * 150_000}
+        for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -221,7 +224,7 @@ def test_archive_seed_upload_and_the_export_ceiling(
         env,
         "run",
         "stdio-json",
-        script("read", run_cmd("cat hello.txt; echo more >> big.bin"), "@complete ok"),
+        script("read", run_cmd("cat hello.txt;echo more>>big.bin"), "@complete ok"),
         "--executable",
         DEMO,
         "--archive",

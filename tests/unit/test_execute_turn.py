@@ -143,9 +143,13 @@ def test_completed_turn_publishes_events_in_order(world: World) -> None:
         "sandbox-activity",
         "assistant-text",
         "usage",
+        "workspace",  # the worker's snapshot of what the turn changed: nothing
         "turn-complete",
     ]
     started, complete = events[0][2], events[-1][2]
+    change = events[-2][2]
+    assert (change["added"], change["modified"], change["deleted"]) == ([], [], [])
+    assert change["snapshot"] and change["complete"]
     assert started == {"harness": "stdio-json", "attempt": 1, "input_chars": 17}
     assert complete["text"] == "You said: hello there world"
     assert complete["exit_code"] == 0
@@ -281,7 +285,13 @@ def test_cancel_mid_turn_gives_cancelled(world: World) -> None:
         timer.cancel()
     events = world.events(run_id)
     _assert_one_turn(events, 1)
-    assert _types(events) == ["turn-started", "session", "assistant-text", "session-error"]
+    assert _types(events) == [
+        "turn-started",
+        "session",
+        "assistant-text",
+        "workspace",  # a cancelled turn's work is recorded too
+        "session-error",
+    ]
     assert events[-1][2]["reason"] == "cancelled"
 
 
@@ -466,7 +476,14 @@ def test_an_error_of_the_worker_ends_the_turn_as_internal_and_keeps_the_run(
         raise RuntimeError("a bug in the worker")
 
     world.deps.sandbox_for = lambda backend: type(  # type: ignore[assignment]
-        "Broken", (), {"prepare": broken, "backend": "local", "teardown": sandbox.teardown}
+        "Broken",
+        (),
+        {
+            "prepare": broken,
+            "backend": "local",
+            "teardown": sandbox.teardown,
+            "root": sandbox.root,
+        },
     )()
     assert world.turn(run_id, "hello") == "failed:internal"
     events = world.events(run_id)
