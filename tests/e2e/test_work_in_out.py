@@ -78,7 +78,7 @@ def test_seeded_run_edit_diff_export_rewind_and_next_turn(
     rewound = e2e.cli("rewind", run_id, "0", "--json")
     assert rewound.returncode == 0, rewound.stderr
     assert json.loads(rewound.stdout)["deleted"] == ["agent.txt"]
-    code, out = e2e.container(run_id).exec_run(["sh", "-c", "ls /workspace; cat README.md"])
+    _, out = e2e.container(run_id).exec_run(["sh", "-c", "ls /workspace; cat README.md"])
     assert "agent.txt" not in out.decode() and "agent-line" not in out.decode(), out
 
     second = e2e.turn(run_id, f"[scenario:text] and now {word}")

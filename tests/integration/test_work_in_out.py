@@ -5,6 +5,7 @@ process, pushes of each turn to a branch, and the refusals (nothing left behind)
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -86,10 +87,8 @@ def client(deployment: tuple[Env, WorkerProcess]) -> Iterator[HarnessClient]:
     c.start_run = start_run  # type: ignore[method-assign]
     yield c
     for run_id in made:
-        try:
+        with contextlib.suppress(Exception):  # a refused run may be gone already
             c.end(run_id, timeout=30)
-        except Exception:  # noqa: BLE001 - a refused run may be gone already
-            pass
 
 
 def script(*lines: str) -> str:
@@ -162,7 +161,7 @@ def test_seeded_repo_turns_diff_export_rewind_and_push(
     assert TOKEN not in json.dumps(record)
     assert TOKEN not in worker.logs()
     container = docker.from_env().containers.get(record["container_id"])
-    code, out = container.exec_run(["sh", "-c", "cat /workspace/.git/config; env"])
+    _, out = container.exec_run(["sh", "-c", "cat /workspace/.git/config; env"])
     assert TOKEN not in out.decode() and "extraheader" not in out.decode().lower()
     # The push went to the seed repository, on top of its history, message: the input's
     # first line; every request to the server carried the worker's credential.
@@ -287,7 +286,7 @@ def test_a_failed_clone_ends_the_first_turn_and_leaves_nothing(
 def test_seed_refusals_up_front(client: HarnessClient, server: GitServer) -> None:
     with pytest.raises(InvalidInput, match="scheme"):
         client.start_run("stdio-json", "x", executable=DEMO, repo="ftp://127.0.0.1/seed.git")
-    with pytest.raises(InvalidInput, match="credentials|user"):
+    with pytest.raises(InvalidInput, match=r"credentials|user"):
         client.start_run(
             "stdio-json", "x", executable=DEMO, repo=f"http://u:p@127.0.0.1:{server.port}/s"
         )
@@ -308,3 +307,52 @@ def test_rewind_is_refused_while_a_turn_runs(
     client.cancel(run_id)
     client.wait(run_id, 2, timeout=60)
     assert client.rewind(run_id, 1)["rewound_to"] == 1
+
+
+def test_an_agent_that_plants_git_config_hooks_filters_and_links_runs_nothing_on_the_worker(
+    deployment: tuple[Env, WorkerProcess], client: HarnessClient, server: GitServer, tmp_path: Path
+) -> None:
+    """The harness, inside its container, turns its workspace into a trap for a worker that
+    would run git there: fsmonitor, hooks, a filter and a diff driver that touch a marker on
+    the worker's host, a `.gitattributes` asking for them, and links to the host's files.
+    Snapshot, diff, export and rewind run none of it and export links, never their targets."""
+    env, _ = deployment
+    marker = tmp_path / "pwned"
+    trap = f"touch {marker}"
+    plant = script(
+        "plant traps",
+        run_cmd(f"git config core.fsmonitor '{trap}'"),
+        run_cmd("git config core.hooksPath /workspace/hooks"),
+        run_cmd(f"git config filter.evil.clean '{trap}'"),
+        run_cmd(f"git config diff.evil.textconv '{trap}'"),
+        run_cmd("mkdir -p hooks .git/hooks"),
+        run_cmd(f"printf '#!/bin/sh\\n{trap}\\n'>hooks/post-commit"),
+        run_cmd(f"printf '#!/bin/sh\\n{trap}\\n'>.git/hooks/pre-commit"),
+        run_cmd("chmod +x hooks/post-commit .git/hooks/pre-commit"),
+        run_cmd("printf '* filter=evil diff=evil export-subst\\n'>.gitattributes"),
+        run_cmd("ln -s /etc/passwd passwd-link"),
+        run_cmd(f"ln -s {marker.parent} host-dir-link"),
+        run_cmd("echo changed>>README.md"),
+        "@complete planted",
+    )
+    run_id = client.start_run("stdio-json", plant, executable=DEMO, repo=server.url("seed.git"))
+    events = turn_events(client, run_id, 1)
+    assert events[-1].type == "turn-complete", [e.as_dict() for e in events]
+    change = workspace_event(events)
+    assert {"passwd-link", "host-dir-link", ".gitattributes"} <= set(change["added"])
+    container = docker.from_env().containers.get(client.status(run_id)["container_id"])
+    planted = container.exec_run(["git", "-C", "/workspace", "config", "core.fsmonitor"])
+    # The traps are really there (as sh runs them: ${IFS} is a space to the shell).
+    assert planted.output.decode().strip() == trap.replace(" ", "${IFS}")
+    assert cli(env, "diff", run_id).returncode == 0
+    archive = tmp_path / "trap.tar.gz"
+    assert cli(env, "export", run_id, "-o", str(archive)).returncode == 0
+    with tarfile.open(archive) as tar:
+        link = tar.getmember("passwd-link")
+        assert link.issym() and link.linkname == "/etc/passwd"
+        assert not any(name.startswith("host-dir-link/") for name in tar.getnames())
+    assert cli(env, "rewind", run_id, "0").returncode == 0
+    client.submit_turn(run_id, "@complete after")
+    turn_events(client, run_id, 2)
+    assert not marker.exists()
+    assert Path("/etc/passwd").read_text()  # untouched, still a file
