@@ -69,6 +69,18 @@ def test_egress_turn_reaches_the_model_over_tls_and_nothing_else(
     # Every attempt failed fast: the whole turn (two model calls, four attempts) is quick.
     assert elapsed < 60, followed.describe()
 
+    # The model traffic went through the proxy: a tunnel from this run's address.
+    address = e2e.container(followed.run_id).attrs["NetworkSettings"]["Networks"]
+    (inside,) = [n["IPAddress"] for name, n in address.items() if name.startswith("harness-egress")]
+    gateway = e2e.docker.containers.get(f"harness-egress-gateway-{e2e.env.prefix}")
+    tunnels = [
+        line
+        for line in gateway.logs(stderr=False).decode().splitlines()
+        if f" {inside} CONNECT {MODEL_NAME}:{e2e.fake.port} " in line and "TCP_TUNNEL" in line
+    ]
+    assert tunnels, gateway.logs(tail=30).decode()
+    print(f"\n{harness.id}: {followed.describe()}")  # the closing note's evidence (-s)
+
     status = e2e.client.status(followed.run_id)
     assert status["network"] == "egress"
     assert status["egress_allow"] and f"{MODEL_NAME}:{e2e.fake.port}" in status["egress_allow"]
