@@ -136,6 +136,28 @@ def parked_text(data: dict[str, Any], now: float | None = None) -> str:
     )
 
 
+def workspace_text(data: dict[str, Any]) -> str:
+    """A ``workspace`` event on one line: what changed, or the rewind it records."""
+    counts = [
+        f"{data.get(f'{what}_count', 0)} {what}"
+        for what in ("added", "modified", "deleted")
+        if data.get(f"{what}_count")
+    ]
+    lines = f"+{data.get('lines_added', 0)} -{data.get('lines_removed', 0)} lines"
+    changed = ", ".join(counts) + f" ({lines})" if counts else "no change"
+    snapshot = str(data.get("snapshot") or "")[:12] or "none"
+    if data.get("rewound_to") is not None:
+        text = f"workspace rewound to turn {data['rewound_to']}: {changed}"
+    else:
+        text = f"workspace: {changed}"
+    text += f" · snapshot {snapshot}"
+    if data.get("pushed_branch"):
+        text += f" · pushed to {data['pushed_branch']}"
+    if data.get("note"):
+        text += f" · {one_line(str(data['note']))}"
+    return text
+
+
 def teardown_text(notice: dict[str, Any]) -> str:
     """The notice of an ``end`` that waits for a worker to tear the run down."""
     text = f"waiting for a worker on {notice['queue']} to tear the run down… "
@@ -362,6 +384,8 @@ class Renderer:
         elif kind == "usage":
             view.add_usage(data)
             self._wait("thinking")
+        elif kind == "workspace":
+            self._print(Text(f"  ✎ {workspace_text(data)}", style="magenta"))
         elif kind == "parked":
             self._print(Text(f"  ⏸ {parked_text(data)}", style="bold yellow"))
         elif kind in ("turn-complete", "session-error"):

@@ -416,3 +416,23 @@ def test_record_shows_a_waiting_turn_as_a_sentence() -> None:
     waiting = next(line for line in lines if line.startswith("waiting "))
     assert "waiting for a worker on harness.stdio-json since" in waiting
     assert not any(line.startswith("waiting_for_worker") for line in lines)
+
+
+def test_workspace_event_reads_as_one_line_of_what_changed() -> None:
+    from worker.render import workspace_text
+
+    changed = {
+        "snapshot": "abcdef1234567890",
+        "added_count": 1,
+        "modified_count": 2,
+        "lines_added": 3,
+        "lines_removed": 1,
+        "pushed_branch": "agent/x",
+    }
+    assert workspace_text(changed) == (
+        "workspace: 1 added, 2 modified (+3 -1 lines) · snapshot abcdef123456 · pushed to agent/x"
+    )
+    rewind = {"snapshot": "abc", "rewound_to": 0, "deleted_count": 1, "note": "a\nb"}
+    assert workspace_text(rewind).startswith("workspace rewound to turn 0: 1 deleted")
+    assert "\n" not in workspace_text(rewind)
+    assert workspace_text({"snapshot": ""}) == "workspace: no change · snapshot none"
