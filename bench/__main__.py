@@ -30,6 +30,7 @@ ROWS = {
     "5": "bench.row5_first_turn",
     "6": "bench.row6_big_output",
     "7": "bench.row7_workspace",
+    "8": "bench.row8_spend",
 }
 
 

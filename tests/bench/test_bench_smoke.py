@@ -128,3 +128,12 @@ def test_command_prints_table_for_one_row(redis_url: str, tmp_path: Path) -> Non
     assert "submit->terminal p50" in out.stdout
     assert "nproc: " in out.stdout
     assert (tmp_path / "bench.json").read_text().startswith("{")
+
+
+def test_spend_row_measures_the_budget_check_and_the_slot_take(
+    redis_url: str, tmp_path: Path
+) -> None:
+    from bench import row8_spend
+
+    with Bench("smoke", backends=("local",), tmp=tmp_path) as b:
+        _assert_measured(row8_spend.run(b))
