@@ -206,6 +206,12 @@ class DockerSandbox:
         self.egress.sync()
         return placement
 
+    def reap_gateway(self) -> str | None:
+        """The reaper's care of this daemon's egress gateway (:meth:`Gateway.reap`)."""
+        if self.egress is None:
+            return None
+        return self.egress.reap()
+
     def network_denials(
         self, run_id: str, since: float, until: float | None = None
     ) -> list[Denial]:

@@ -666,6 +666,28 @@ class Gateway:
         state = container.attrs.get("State", {}).get("Health", {}) or {}
         return str(state.get("Status") or "running")
 
+    def reap(self) -> str | None:
+        """Replace a gateway that is unhealthy or stopped (Docker restarts one that crashed;
+        one that hangs is the reaper's): removed, and started again at once when egress runs
+        depend on it. What was done, or None."""
+        state = self.health()
+        if state not in ("unhealthy", "stopped"):
+            return None
+        with self._lock, self._seam("remove the egress gateway"):
+            with contextlib.suppress(docker.errors.NotFound):
+                self._client().containers.get(self.config.container_name).remove(force=True)
+            self._ready = False
+            self._pushed = ""
+        log.warning("egress.gateway_reaped", extra={"state": state})
+        with self._seam("list the egress runs"):
+            runs = self._client().containers.list(
+                filters={"network": self.config.network_name, "label": LABEL_HARNESS}
+            )
+        if runs:
+            self.ensure()
+            return f"replaced the {state} egress gateway ({len(runs)} egress runs)"
+        return f"removed the {state} egress gateway"
+
     def remove(self) -> None:
         """Remove the gateway and the egress network (tests, ``harness reap --gateway``)."""
         with self._lock, self._seam("remove the egress gateway"):

@@ -239,7 +239,10 @@ def _docker(settings: Settings) -> list[Check]:
 
 
 def _network(settings: Settings, present_images: dict[str, bool], needed: bool) -> Check:
-    """The network check: a probe container started on HARNESS_NETWORK from a present image."""
+    """The network check: a probe container started on HARNESS_NETWORK from a present image
+    (for network ``egress``: the egress gateway, see :func:`egress_check`)."""
+    if settings.network == "egress":
+        return egress_check(settings, needed)
     image = probe_image_for(present_images)
     if image is None:
         return Check(
@@ -253,6 +256,46 @@ def _network(settings: Settings, present_images: dict[str, bool], needed: bool) 
     if not check.ok and not needed:
         check.ok, check.level = True, "warn"
     return check
+
+
+def egress_check(settings: Settings, needed: bool = True) -> Check:
+    """The egress gateway of this Docker host: its image, started (as a worker would) and
+    healthy, its configuration accepted, and what each harness may reach."""
+    from sandbox.base import SandboxError
+    from sandbox.docker import DockerSandbox
+    from worker.policy import egress_config
+
+    config = egress_config(settings)
+    name = f"network egress (gateway {config.container_name})"
+    fix = "scripts/build-images --only gateway; docker logs " + config.container_name
+    try:
+        sandbox = DockerSandbox(
+            Path(settings.workspace_root) / "docker",
+            base_url=settings.docker_url,
+            scope=settings.key_prefix,
+            egress=config,
+        )
+        assert sandbox.egress is not None
+        if not sandbox.image_exists(config.image):
+            return Check(name, not needed, f"image {config.image} is missing", fix,
+                         level="fail" if needed else "warn")  # fmt: skip
+        sandbox.egress.ensure()
+        state = sandbox.egress.health()
+    except SandboxError as exc:
+        return Check(name, False, str(exc), fix)
+    if state not in ("healthy", "starting", "running"):
+        return Check(name, False, f"the gateway is {state}", fix)
+    allowed = "; ".join(
+        f"{harness}: {', '.join(str(e) for e in endpoints) or '(nothing)'}"
+        for harness, endpoints in sorted(config.allow.items())
+    )
+    producer = "plus a run's --base-url" if config.allow_base_url else "no --base-url hosts"
+    return Check(
+        name,
+        True,
+        f"{state}, proxy {config.proxy_url} on {config.network_name} ({config.subnet}); "
+        f"allowed: {allowed}; {producer}",
+    )
 
 
 def probe_image_for(present_images: dict[str, bool]) -> str | None:

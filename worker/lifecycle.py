@@ -73,6 +73,8 @@ class ReapReport:
     """Sandbox backends that could not be asked for their sandboxes, with the error."""
     slots_released: list[str] = field(default_factory=list)
     """Concurrency slots of keys released because the turn holding them lost its worker."""
+    gateways: list[str] = field(default_factory=list)
+    """What was done to egress gateways (an unhealthy one replaced)."""
 
     def lines(self) -> list[str]:
         out = [f"removed sandbox of run {r}" for r in self.sandboxes]
@@ -80,6 +82,7 @@ class ReapReport:
         out += [f"closed turn {t} (its host had no worker for too long)" for t in self.waited_out]
         out += [f"sent turn {t} again (no worker had taken it)" for t in self.resent]
         out += [f"released key slot {s} (its worker was lost)" for s in self.slots_released]
+        out += self.gateways
         return out
 
 
@@ -106,6 +109,11 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
             if record and status not in FINISHED:
                 deps.store.update(found.run_id, status="ended", last_error="lease expired")
             log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
+    reap_gateway = getattr(sandbox, "reap_gateway", None)
+    if reap_gateway is not None:
+        done = reap_gateway()
+        if done:
+            report.gateways.append(done)
 
 
 def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:

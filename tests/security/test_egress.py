@@ -563,3 +563,34 @@ def test_the_runs_container_is_only_on_the_egress_network(lab: Lab) -> None:
     assert container_name(lab.run_id) == lab.container.name
     env = dict(e.split("=", 1) for e in lab.container.attrs["Config"]["Env"])
     assert env["HTTPS_PROXY"] == lab.config.proxy_url
+
+
+def test_doctor_checks_the_gateway(lab: Lab) -> None:
+    from config.settings import load_settings
+    from worker.doctor import egress_check
+
+    settings = load_settings(
+        key_prefix=lab.config.scope,
+        network="egress",
+        egress_subnet=SUBNET,
+        egress_resolvers=",".join(lab.config.resolvers),
+        egress_hosts="allowed.test=172.17.0.1",
+    )
+    check = egress_check(settings)
+    assert check.ok, check
+    assert lab.config.proxy_url in check.detail and "claude-code: api.anthropic.com:443" in (
+        check.detail
+    )
+
+
+def test_the_reaper_replaces_a_stopped_gateway_and_the_runs_rules_come_back(lab: Lab) -> None:
+    port = lab.allowed.server_address[1]
+    gateway = docker.from_env().containers.get(lab.config.container_name)
+    gateway.stop(timeout=1)
+    down = lab.attack(_proxy_get(f"http://allowed.test:{port}/"))
+    assert not down["ok"], down  # no gateway: nothing gets out (after ARP gives up, ~3 s)
+    done = lab.sandbox.reap_gateway()
+    assert done == "replaced the stopped egress gateway (1 egress runs)"
+    assert lab.sandbox.reap_gateway() is None  # healthy now: left alone
+    back = lab.attack(_proxy_get(f"http://allowed.test:{port}/"))
+    assert back["ok"] and "allowed-server-reply" in back["result"], back
