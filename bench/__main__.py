@@ -31,6 +31,7 @@ ROWS = {
     "6": "bench.row6_big_output",
     "7": "bench.row7_workspace",
     "8": "bench.row8_spend",
+    "9": "bench.row9_egress",
 }
 
 

@@ -637,11 +637,18 @@ class Gateway:
             if until is not None:
                 kwargs["until"] = until + 1.0
             text = container.logs(**kwargs).decode("utf-8", "replace")
+        # A client that honours its proxy may still look the model's name up first (codex,
+        # gemini and opencode do): a lookup of a name the run may reach is no attempt to
+        # get out, and is not reported (it is answered NXDOMAIN like any other).
+        allowed = {e.host for e in self.clients().get(client_ip, ())}
         found = []
         for line in text.splitlines():
             denial = parse_denial(line)
-            if denial is not None and denial.client == client_ip:
-                found.append(denial)
+            if denial is None or denial.client != client_ip:
+                continue
+            if denial.protocol == "dns" and denial.host in allowed:
+                continue
+            found.append(denial)
         return found
 
     def address_of(self, container_id: str) -> str | None:
