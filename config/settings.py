@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     ``HARNESS=IMAGE`` or ``HARNESS=*`` for one harness."""
     allowed_sandboxes: CommaList = ()
     """Sandbox backends a producer may ask for besides HARNESS_SANDBOX (default: none)."""
-    allowed_networks: CommaList = ("none", "bridge")
+    allowed_networks: CommaList = ("none", "bridge", "egress")
     allowed_executables: CommaList = ("harness-demo",)
     grants: GrantMap = Field(default_factory=lambda: dict(DEFAULT_GRANTS))
     """Per harness, the grant names a producer may ask for: ``harness=A|B;harness2=C``."""
@@ -178,6 +178,13 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(10.0, ge=0)
     """On a warm shutdown, how long in-flight turns may still run before they are stopped."""
     max_line_bytes: int = Field(8 * 1024 * 1024, gt=1024)
+
+    # Permission requests answered live (--posture ask; worker/permissions.py)
+    permission_ask: bool = True
+    """Whether producers may start runs with ``--posture ask``."""
+    permission_timeout_s: float = Field(600.0, gt=0, le=7 * 24 * 3600)
+    """How long a permission request waits for its answer before it is denied. The turn and
+    idle timeouts stand still while a request waits; this wait runs instead."""
 
     # Redis retention
     stream_maxlen: int = Field(100_000, gt=0)

@@ -25,7 +25,7 @@ from tests.integration.conftest import Env, WorkerProcess, make_env
 from tests.security.conftest import docker_vars, start_scoped_worker
 from worker.client import HarnessClient
 from worker.errors import InvalidInput
-from worker.policy import memory_bytes, resolve
+from worker.policy import egress_allowlist, memory_bytes, resolve
 from worker.spec import RunOptions
 
 pytestmark = pytest.mark.usefixtures("shipped_settings")
@@ -45,7 +45,7 @@ def demo(**fields: Any) -> RunOptions:
 def test_default_policy_allows_only_configured_images_networks_and_executable() -> None:
     shipped = settings()
     assert shipped.allowed_images == ()
-    assert set(shipped.allowed_networks) == {"none", "bridge"}
+    assert set(shipped.allowed_networks) == {"none", "bridge", "egress"}
     assert shipped.allowed_executables == ("harness-demo",)
     assert shipped.allowed_sandboxes == ()
 
@@ -75,6 +75,20 @@ def test_host_network_refused_until_the_operator_enables_it() -> None:
     assert resolve(demo(network="none"), settings()).network == "none"
     enabled = settings(allowed_networks="none,bridge,host")
     assert resolve(demo(network="host"), enabled).network == "host"
+
+
+def test_egress_base_url_refused_unless_allowlisted_or_producer_endpoints_allowed() -> None:
+    options = RunOptions(harness="pi", network="egress", base_url="https://llm.internal:8443/v1")
+    with pytest.raises(InvalidInput, match="HARNESS_EGRESS_ALLOW_BASE_URL"):
+        resolve(options, settings())
+    listed = settings(egress_allow="pi=llm.internal:8443")
+    assert resolve(options, listed).network == "egress"
+    producer = settings(egress_allow_base_url=True)
+    assert resolve(options, producer).network == "egress"
+    assert egress_allowlist(producer, "pi", options.base_url) == ["llm.internal:8443"]
+    assert egress_allowlist(settings(), "claude-code", None) == ["api.anthropic.com:443"]
+    # Without producer endpoints, a base URL adds nothing to the allowlist.
+    assert egress_allowlist(settings(), "pi", options.base_url) == []
 
 
 def test_network_literal_outside_the_contract_is_refused() -> None:
