@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import adapters
 from adapters import HARNESS_IDS
 from config import SettingsError
-from worker import cli_spend, cli_workspace
+from worker import cli_permissions, cli_spend, cli_workspace
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
 from worker.policy import not_utf8
 from worker.render import Renderer
@@ -128,6 +128,7 @@ COMMAND_EXITS = {
     "doctor": "0 every check passed (warnings allowed), 1 a check failed",
     **cli_workspace.EXITS,
     **cli_spend.EXITS,
+    **cli_permissions.EXITS,
 }
 """Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
 
@@ -203,9 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--posture",
-        choices=("strict", "auto", "dangerous"),
+        choices=("strict", "auto", "dangerous", "ask"),
         help="what the harness may do unasked: strict (nothing), auto (edits and safe "
-        "commands; the default), dangerous (everything, inside its container)",
+        "commands; the default), dangerous (everything, inside its container), ask (what "
+        "the rules do not settle waits for `harness approve` or `harness deny`)",
     )
     run.add_argument(
         "--allow",
@@ -239,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--network",
-        choices=("none", "bridge", "host"),
-        help=f"the container's network (default: HARNESS_NETWORK), {OPERATOR_BOUND}",
+        choices=("none", "bridge", "host", "egress"),
+        help="the container's network (default: HARNESS_NETWORK); egress: only the hosts of "
+        f"the run's allowlist, through the egress gateway; {OPERATOR_BOUND}",
     )
     run.add_argument(
         "--resume-session",
@@ -350,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_workspace.add_commands(command, run_id)
     cli_spend.add_commands(command, run_id, OPERATOR_BOUND)
+    cli_permissions.add_commands(command, run_id)
 
     reap = command("reap", "remove sandboxes whose run is gone or whose lease expired")
     output_flags(reap, 'one JSON object per line: {"removed": ...} or {"unreachable": ...}')
@@ -456,6 +460,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command in cli_spend.COMMANDS:
         return cli_spend.dispatch(args, client, renderer)
+    if args.command in cli_permissions.COMMANDS:
+        return cli_permissions.dispatch(args, client, renderer)
     if args.command in cli_workspace.COMMANDS:
         return cli_workspace.dispatch(args, client, renderer)
     if args.command == "status":
