@@ -358,7 +358,8 @@ def clis_image_e2e() -> str:
 
 @pytest.fixture(scope="session")
 def test_ca() -> TestCA:
-    return make_test_ca(Path(CA_DIR), (MODEL_NAME,))
+    with build_lock():  # one CA for every pytest process (the image trusting it is shared)
+        return make_test_ca(Path(CA_DIR), (MODEL_NAME,))
 
 
 def trusting_image(base: str, ca: TestCA) -> str:
