@@ -149,10 +149,40 @@ _NETWORK_FIELDS = ("host", "port", "denied")
 
 
 class PermissionRequest(_Event):
+    """The harness asked for something the posture gates. With ``--posture ask`` it waits
+    for the answer (``deadline`` set, a ``permission-decision`` follows); otherwise it is
+    told.
+
+    ``input`` is the tool's input as JSON text, granted values masked, cut at
+    :data:`PERMISSION_INPUT_LIMIT` characters (``input_chars`` is its full length).
+    """
+
     type: Literal["permission-request"] = "permission-request"
     request_id: str
     description: str
     command: str | None = None
+    tool: str | None = None
+    input: str | None = None
+    input_chars: int | None = None
+    deadline: float | None = None
+    """Unix time at which an unanswered request is denied."""
+
+
+PERMISSION_INPUT_LIMIT = 2000
+
+
+class PermissionDecision(_Event):
+    """How a waiting ``permission-request`` was answered, and by whom: a person or a service
+    (the identity given with the answer), or the worker itself (``worker:deadline``,
+    ``worker:cancelled``, ``worker:shutdown``, ``worker:turn-ended``, ``worker:channel``) or a
+    run rule (``rule:always``)."""
+
+    type: Literal["permission-decision"] = "permission-decision"
+    request_id: str
+    decision: Literal["allow", "deny"]
+    scope: Literal["once", "always"] = "once"
+    by: str
+    message: str | None = None
 
 
 class WorkspaceChange(_Event):
@@ -234,6 +264,7 @@ Event = Annotated[
     | AssistantText
     | SandboxActivity
     | PermissionRequest
+    | PermissionDecision
     | WorkspaceChange
     | Usage
     | Parked
@@ -248,6 +279,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "assistant-text",
     "sandbox-activity",
     "permission-request",
+    "permission-decision",
     "workspace",
     "usage",
     "parked",

@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
+from adapters.asks import Ask
 from adapters.events import Event
 
-Posture = Literal["strict", "auto", "dangerous"]
+Posture = Literal["strict", "auto", "dangerous", "ask"]
+"""``ask``: what the allow/deny rules do not settle is asked of a person or a service, live
+(adapters with capability ``permission_ask``; see :mod:`adapters.asks`)."""
 PermissionPolicy = Literal["full", "posture-only", "none"]
 
 
@@ -60,6 +63,10 @@ class Command:
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    keep_stdin: bool = False
+    """Keep stdin open after ``stdin`` for the whole turn: the worker writes what the mapper
+    puts in ``state.outbox`` (answers to permission requests, protocol replies) and closes
+    it once the turn has its terminal event."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ class Capabilities:
     model_selection: bool
     model_reporting: bool
     mcp_client: bool
+    permission_ask: bool = False
+    """The harness can hand a permission decision to us live (``--posture ask``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +106,7 @@ class Capabilities:
             "model_selection": self.model_selection,
             "model_reporting": self.model_reporting,
             "mcp_client": self.mcp_client,
+            "permission_ask": self.permission_ask,
         }
 
 
@@ -115,6 +125,12 @@ class AdapterState:
     model: str | None = None
     resume_rejected: bool = False
     carry: dict[str, Any] = field(default_factory=dict)
+    asks: list[Ask] = field(default_factory=list)
+    """Permission requests the mapper found that wait for an answer (``--posture ask``): the
+    worker takes them, publishes them and calls the adapter's ``answer`` with the decision."""
+    outbox: list[bytes] = field(default_factory=list)
+    """Bytes for the harness's stdin (a ``keep_stdin`` command), written and emptied by the
+    worker after every feed and answer."""
 
 
 StateT = TypeVar("StateT", bound=AdapterState)

@@ -2,14 +2,22 @@
 
 The input goes on stdin, then stdin is closed. ``HARNESS_TURN`` and, when a session should
 be continued, ``HARNESS_RESUME_SESSION`` are set in the environment.
+
+With ``--posture ask`` (``HARNESS_POSTURE=ask`` in the environment) stdin stays open for the
+turn: its first line is ``{"type":"input","text":T}``, and every ``permission`` line the
+harness writes is answered by a line ``{"type":"decision","id":I,"decision":"allow"|"deny",
+"message":M}`` (``scope`` ``always`` when allowed for the rest of the run; ``abort`` true
+when the turn is ending). Stdin is closed once the turn has its terminal line.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from adapters import coerce
+from adapters.asks import Ask, Decision
 from adapters.events import (
     AssistantText,
     Event,
@@ -35,6 +43,7 @@ CAPABILITIES = Capabilities(
     model_selection=False,
     model_reporting=True,
     mcp_client=False,
+    permission_ask=True,
 )
 
 _ACTIVITY_KINDS = {"command", "file", "tool", "other"}
@@ -43,13 +52,14 @@ _ACTIVITY_KINDS = {"command", "file", "tool", "other"}
 @dataclass
 class State(AdapterState):
     offered_session: str | None
+    ask: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
 
 
 def new_state(request: TurnRequest) -> State:
-    return State(offered_session=request.resume_session)
+    return State(offered_session=request.resume_session, ask=request.posture == "ask")
 
 
 def build_command(request: TurnRequest) -> Command:
@@ -60,6 +70,16 @@ def build_command(request: TurnRequest) -> Command:
         env["HARNESS_RESUME_SESSION"] = request.resume_session
     # No system-prompt channel in this protocol (capability system_prompt is false): the
     # worker puts a system prompt into the input before the request gets here.
+    if request.posture == "ask":
+        env["HARNESS_POSTURE"] = "ask"
+        first = json.dumps({"type": "input", "text": request.input}) + "\n"
+        return Command(
+            argv=(request.executable,),
+            stdin=first.encode("utf-8"),
+            env=env,
+            cwd=request.workspace,
+            keep_stdin=True,
+        )
     return Command(
         argv=(request.executable,),
         stdin=request.input.encode("utf-8"),
@@ -92,6 +112,18 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         ]
     if kind == "permission":
         command = message.get("command")
+        if state.ask:
+            native = message.get("id")
+            state.asks.append(
+                Ask(
+                    native_id=native if isinstance(native, str | int) else str(native),
+                    tool=coerce.text(message.get("tool")) or "permission",
+                    input=command if isinstance(command, str) else message.get("input"),
+                    description=coerce.text(message.get("description")),
+                    command=command if isinstance(command, str) else None,
+                )
+            )
+            return []
         return [
             PermissionRequest(
                 request_id=str(message.get("id", "")),
@@ -157,11 +189,27 @@ def _error_event(error: str, message: dict[str, Any]) -> Event:
     return session_error(error, reason, retryable=retryable, retry_after_s=retry_after)  # type: ignore[arg-type]
 
 
+def answer(state: State, ask: Ask, decision: Decision) -> None:
+    """The decision line for a ``permission`` line, on the harness's stdin."""
+    line = {
+        "type": "decision",
+        "id": ask.native_id,
+        "decision": "allow" if decision.allow else "deny",
+        "scope": "always" if decision.always else "once",
+        "message": decision.message,
+    }
+    if decision.abort:
+        line["abort"] = True
+    state.outbox.append(json.dumps(line).encode("utf-8") + b"\n")
+
+
 def finish(state: State, exit: ExitInfo) -> list[Event]:
     return []
 
 
 def policy_warning(request: TurnRequest) -> str | None:
+    if request.posture == "ask" and not (request.allow or request.deny):
+        return None  # the harness's own permission lines are asked of us: nothing unapplied
     if request.posture != "dangerous" or request.allow or request.deny:
         return (
             "stdio-json enforces no permission policy: posture and allow/deny patterns "

@@ -7,7 +7,10 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
 
   @text WORDS            an assistant text line
   @activity KIND DESC    a sandbox activity (command, file, tool, other)
-  @permission DESC       a permission request
+  @permission DESC       a permission request; with HARNESS_POSTURE=ask it waits for the
+                         decision line on stdin and says what it was told
+  @ask CMD ARGS...       ask to run a command (a permission request with that command);
+                         with HARNESS_POSTURE=ask runs it only when allowed, else never
   @usage IN OUT [COST]   a usage line
   @sleep SECONDS         pause (a slow or hanging harness)
   @stream N [DELAY]      N text lines, DELAY seconds apart
@@ -30,6 +33,9 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @complete TEXT         a complete line (terminal)
   @exit CODE             exit now, without a terminal line
   @twice                 two complete lines (the second must be dropped)
+
+With HARNESS_POSTURE=ask the input comes as the first stdin line, ``{"type":"input",
+"text":...}``, and stdin stays open for decision lines (stdio-json protocol).
 
 Sessions live in $HOME/.demo-sessions: a resumed turn (HARNESS_RESUME_SESSION) continues
 the named session when it exists and fails with code ``session-not-found`` when it does not.
@@ -124,6 +130,41 @@ def limited(line: str, times: int) -> bool:
     return seen < times
 
 
+def asking() -> bool:
+    return os.environ.get("HARNESS_POSTURE") == "ask"
+
+
+def ask(description: str, command: str | None) -> dict[str, object] | None:
+    """Emit a permission line; with HARNESS_POSTURE=ask wait for its decision line (stdin
+    closing first is a deny). None when not asking (the request is only reported)."""
+    request_id = uuid.uuid4().hex[:8]
+    emit({"type": "permission", "id": request_id, "description": description, "command": command})
+    if not asking():
+        return None
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return {"decision": "deny", "message": "stdin closed before a decision"}
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if message.get("type") == "decision" and message.get("id") == request_id:
+            if message.get("abort"):
+                sys.exit(1)  # the turn is ending: stop here
+            return message
+
+
+def read_input() -> str:
+    if asking():
+        first = sys.stdin.readline()
+        try:
+            return str(json.loads(first).get("text", ""))
+        except ValueError:
+            return first
+    return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+
+
 def run_script(lines: list[str]) -> None:
     for raw in lines:
         name, _, rest = raw[1:].partition(" ")
@@ -139,14 +180,20 @@ def run_script(lines: list[str]) -> None:
                 }
             )
         elif name == "permission":
-            emit(
-                {
-                    "type": "permission",
-                    "id": uuid.uuid4().hex[:8],
-                    "description": rest,
-                    "command": None,
-                }
-            )
+            decision = ask(rest, None)
+            if decision is not None:
+                said = decision.get("decision")
+                note = f" ({decision['message']})" if decision.get("message") else ""
+                emit({"type": "text", "text": f"{said}: {rest}{note}"})
+        elif name == "ask":
+            decision = ask(f"run {rest}", rest)
+            if decision is None or decision.get("decision") == "allow":
+                result = subprocess.run(args, capture_output=True, text=True, check=False)
+                emit({"type": "activity", "kind": "command", "description": rest})
+                emit({"type": "text", "text": (result.stdout + result.stderr).strip()})
+            else:
+                note = decision.get("message") or "denied"
+                emit({"type": "text", "text": f"not running {rest}: {note}"})
         elif name == "usage":
             cost = float(args[2]) if len(args) > 2 else None
             emit(
@@ -230,7 +277,7 @@ def run_script(lines: list[str]) -> None:
 
 
 def main() -> None:
-    data = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    data = read_input()
     session_id, turns = open_session()
     turns += 1
     save_session(session_id, turns)

@@ -65,13 +65,15 @@ class StartFailed(SandboxError):
 class ExecSpec:
     """One process to start: argv (never a shell string), stdin bytes then EOF (None closes
     stdin at once), non-secret environment, files to write first (absolute sandbox paths),
-    and the working directory (default: the workspace)."""
+    and the working directory (default: the workspace). With ``keep_stdin`` stdin stays
+    open after ``stdin`` for :meth:`Process.write` until :meth:`Process.close_stdin`."""
 
     argv: tuple[str, ...]
     stdin: bytes | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    keep_stdin: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,14 @@ class Process(Protocol):
 
     def kill(self, grace: float = 1.0) -> None:
         """Stop the process and its children: SIGTERM, then SIGKILL after ``grace``. Idempotent."""
+
+    def write(self, data: bytes) -> bool:
+        """Queue ``data`` for the harness's stdin (a ``keep_stdin`` spec), in order, without
+        blocking. False when stdin is closed or broken (a write failed: the harness stopped
+        reading), so nothing more reaches it. Never raises."""
+
+    def close_stdin(self) -> None:
+        """End the harness's stdin after what is queued (it reads EOF). Idempotent."""
 
 
 class Sandbox(Protocol):

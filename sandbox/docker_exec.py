@@ -35,6 +35,7 @@ from sandbox.container_scripts import (
     wrapper_argv,
 )
 from sandbox.docker_stream import STDOUT, ExecStreamError, RawEndpoint, frames, open_exec_stream
+from sandbox.stdin_pipe import StdinPipe
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class ExecTransport:
         env: Mapping[str, str],
         stdin: bytes | None,
         run_id: str,
+        keep_stdin: bool = False,
     ) -> DockerProcess:
         """Start ``argv`` under the wrapper with ``env`` and the turn's marker; returns once
         the harness is being exec'd."""
@@ -105,7 +107,7 @@ class ExecTransport:
             container,
             wrapper_argv(cwd, argv),
             env=env,
-            stdin=stdin is not None,
+            stdin=stdin is not None or keep_stdin,
             run_id=run_id,
             action="start the harness",
         )
@@ -116,7 +118,9 @@ class ExecTransport:
             sock.close()
             self._kill_marker(container, marker)
             raise
-        return DockerProcess(self, container, exec_id, marker, started, sock, stream, stdin)
+        return DockerProcess(
+            self, container, exec_id, marker, started, sock, stream, stdin, keep_stdin
+        )
 
     def run(
         self,
@@ -268,6 +272,7 @@ class DockerProcess:
         sock: socket.socket,
         stream: Frames,
         stdin: bytes | None,
+        keep_stdin: bool = False,
     ) -> None:
         self._transport = transport
         self.container = container
@@ -290,10 +295,22 @@ class DockerProcess:
             target=self._pump, args=(stream,), name=f"exec-{exec_id[:12]}-out", daemon=True
         )
         self._reader.start()
-        if stdin is not None:
-            threading.Thread(
-                target=self._feed, args=(stdin,), name=f"exec-{exec_id[:12]}-in", daemon=True
-            ).start()
+        self._stdin: StdinPipe | None = None
+        if stdin is not None or keep_stdin:
+            self._stdin = StdinPipe(
+                sock.sendall,
+                self._shut_stdin,
+                stdin or b"",
+                keep_open=keep_stdin,
+                name=f"exec-{exec_id[:12]}-in",
+            )
+
+    def write(self, data: bytes) -> bool:
+        return self._stdin.write(data) if self._stdin is not None else False
+
+    def close_stdin(self) -> None:
+        if self._stdin is not None:
+            self._stdin.close()
 
     @property
     def eof(self) -> bool:
@@ -384,10 +401,6 @@ class DockerProcess:
             with suppress(OSError):
                 self._sock.close()
 
-    def _feed(self, data: bytes) -> None:
-        try:
-            if data:
-                self._sock.sendall(data)
+    def _shut_stdin(self) -> None:
+        with suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)  # the harness reads EOF
-        except OSError:
-            pass  # the harness exited (or closed stdin) before reading everything

@@ -29,6 +29,7 @@ from sandbox.base import (
 )
 from sandbox.chunks import ChunkQueue
 from sandbox.snapshots import SnapshotStore
+from sandbox.stdin_pipe import StdinPipe
 from sandbox.workspace import safe_name, workspace_dir
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,9 @@ def minimal_env(home: str, tmpdir: str, extra: Mapping[str, str]) -> dict[str, s
 class LocalProcess:
     """A started child process whose stdout and stderr arrive as chunks on a queue."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdin: bytes | None) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], stdin: bytes | None, keep_stdin: bool = False
+    ) -> None:
         self._popen = popen
         self._chunks = ChunkQueue(streams=2)
         self._killed = False
@@ -63,12 +66,30 @@ class LocalProcess:
             threading.Thread(target=self._pump, args=(popen.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._pump, args=(popen.stderr, "stderr"), daemon=True),
         ]
+        self._stdin: StdinPipe | None = None
         if popen.stdin is not None:
-            self._threads.append(
-                threading.Thread(target=self._feed, args=(popen.stdin, stdin or b""), daemon=True)
+            pipe = popen.stdin
+
+            def send(data: bytes) -> None:
+                pipe.write(data)
+                pipe.flush()
+
+            def shut() -> None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+            self._stdin = StdinPipe(
+                send, shut, stdin or b"", keep_open=keep_stdin, name=f"local-{popen.pid}-in"
             )
         for thread in self._threads:
             thread.start()
+
+    def write(self, data: bytes) -> bool:
+        return self._stdin.write(data) if self._stdin is not None else False
+
+    def close_stdin(self) -> None:
+        if self._stdin is not None:
+            self._stdin.close()
 
     @property
     def pid(self) -> int:
@@ -133,17 +154,6 @@ class LocalProcess:
             pass
         finally:
             self._chunks.close_stream()
-
-    @staticmethod
-    def _feed(stdin: object, data: bytes) -> None:
-        try:
-            if data:
-                stdin.write(data)  # type: ignore[attr-defined]
-        except (BrokenPipeError, OSError):
-            pass  # the harness closed stdin early; it gets what it read
-        finally:
-            with contextlib.suppress(OSError):
-                stdin.close()  # type: ignore[attr-defined]
 
 
 def _group_members(pgids: Collection[int], *, alive_only: bool = False) -> list[tuple[int, str]]:
@@ -251,7 +261,9 @@ class LocalSandbox:
         try:
             popen = subprocess.Popen(
                 list(spec.argv),
-                stdin=subprocess.PIPE if spec.stdin is not None else subprocess.DEVNULL,
+                stdin=subprocess.PIPE
+                if spec.stdin is not None or spec.keep_stdin
+                else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=spec.cwd or placement.workspace,
@@ -261,7 +273,7 @@ class LocalSandbox:
             )
         except OSError as exc:
             raise StartFailed(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}") from exc
-        process = LocalProcess(popen, spec.stdin)
+        process = LocalProcess(popen, spec.stdin, spec.keep_stdin)
         with self._lock:
             self._processes.setdefault(placement.run_id, set()).add(process)
             # Recorded so that a teardown in another process (the reaper, after this worker

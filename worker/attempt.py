@@ -17,6 +17,7 @@ from adapters.events import Event, Session, SessionError, TurnComplete, Usage, s
 from adapters.protocol import ExitInfo
 from adapters.stream import DEFAULT_MAX_LINE_BYTES, StreamDriver
 from sandbox.base import Process
+from worker.permissions import Gate
 from worker.publisher import RedisStreamPublisher
 
 log = logging.getLogger(__name__)
@@ -96,18 +97,30 @@ def drive(
     out: Publishing,
     limits: Limits,
     should_stop: Callable[[], SessionError | None],
+    gate: Gate | None = None,
 ) -> Outcome:
-    """Run one process to the end of its turn; always leaves the process dead."""
+    """Run one process to the end of its turn; always leaves the process dead.
+
+    With a ``gate`` (``--posture ask``) the harness's permission requests are published and
+    answered here; while one waits the turn and idle timeouts stand still (the gate's own
+    deadline runs instead)."""
     stderr = bytearray()
     out.send(driver.start())  # empty when the caller already published turn-started
     last_output = time.monotonic()
     terminal_at: float | None = None
     next_check = 0.0
     stop: SessionError | None = None
+    previous = last_output
     try:
         while True:
             now = time.monotonic()
+            if gate is not None and gate.waiting:
+                limits.deadline += now - previous
+                last_output = now
+            previous = now
             if driver.done:
+                if terminal_at is None and gate is not None:
+                    gate.turn_over()
                 terminal_at = terminal_at or now
                 if process.eof or now - terminal_at >= limits.exit_grace_s:
                     break
@@ -118,6 +131,8 @@ def drive(
                     # timeout that expired meanwhile: it is what the producer asked for.
                     next_check = now + POLL_S
                     stop = should_stop()
+                    if stop is None and gate is not None:
+                        out.send(gate.poll())
                 if stop is None and now >= limits.deadline:
                     stop = session_error("the turn timed out", "timeout")
                 elif stop is None and now - last_output >= limits.idle_s:
@@ -149,10 +164,18 @@ def drive(
             if stdout:
                 events = driver.feed(stdout[0] if len(stdout) == 1 else b"".join(stdout))
                 out.send([e for e in events if not e.terminal])
+                if gate is not None:
+                    out.send(gate.collect())
                 if out.halt is not None and not driver.done:
                     stop = out.halt  # a budget crossed: stopped at once, as a cancel is
                     break
     finally:
+        if gate is not None:
+            # Before the process is stopped: what is pending is denied, and the harness told.
+            try:
+                out.send(gate.close(stop))
+            except Exception:  # the process must be stopped whatever happened
+                log.exception("permission.close_failed", extra={"stream": out.publisher.key})
         ending = stop is None and process.eof
         exit_code = process.wait(min(EXIT_AFTER_EOF_S, limits.exit_grace_s) if ending else 0)
         if exit_code is None:

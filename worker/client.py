@@ -24,7 +24,7 @@ from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings, load_settings
-from worker import budgets, credentials, hosts, slots
+from worker import budgets, credentials, hosts, permissions, slots
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
 from worker.errors import (
@@ -38,6 +38,7 @@ from worker.errors import (
     Unavailable,
 )
 from worker.keys import Keys, SyncRedis
+from worker.permissions import who
 from worker.policy import check_input, resolve
 from worker.records import IN_FLIGHT, RunStore
 from worker.redis_client import redis_client
@@ -570,6 +571,42 @@ class HarnessClient:
     def _queue(self, run_id: str) -> str | None:
         queue: str | None = self.store.get(run_id).get("queue")
         return queue
+
+    # -- permission requests (--posture ask; worker/permissions.py) -------------------------
+
+    @_translate
+    def pending(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's permission requests still waiting for an answer, oldest first: each
+        with ``request_id``, ``turn``, ``tool``, ``description``, ``command``, ``input``
+        (masked, cut), ``input_chars`` and ``deadline`` (unix time)."""
+        check_run_id(run_id)
+        self.store.get(run_id)  # RunNotFound
+        return permissions.pending(self.redis, self.keys, run_id)
+
+    @_translate
+    def approve(
+        self, run_id: str, request_id: str, *, always: bool = False, by: str | None = None
+    ) -> dict[str, Any]:
+        """Allow a waiting request (``always``: the same call again in this run is allowed
+        without asking). The first answer wins: a request answered already, expired or
+        closed raises :class:`AnswerRefused`, an unknown one :class:`RequestNotFound`."""
+        check_run_id(run_id)
+        self.store.get(run_id)
+        return permissions.answer(
+            self.redis, self.keys, run_id, request_id, allow=True, always=always, by=by or who()
+        )
+
+    @_translate
+    def deny(
+        self, run_id: str, request_id: str, *, message: str | None = None, by: str | None = None
+    ) -> dict[str, Any]:
+        """Deny a waiting request; ``message`` is what the model is told. Refused as
+        :meth:`approve` is."""
+        check_run_id(run_id)
+        self.store.get(run_id)
+        return permissions.answer(
+            self.redis, self.keys, run_id, request_id, allow=False, message=message, by=by or who()
+        )
 
     # -- stopping ---------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ HarnessError
 ├── RunEnded          the run has ended or failed; it takes no more turns (CLI exit 2)
 ├── Refused           the run's host refused or failed a diff, export or rewind (no such
 │                     snapshot, over a ceiling, the run busy); the message says why (exit 1)
+├── RequestNotFound   no such permission request in the run (CLI exit 1)
+├── AnswerRefused     a permission request already answered, expired or closed (CLI exit 2)
 ├── Unavailable       Redis or the broker cannot be reached (CLI exit 1); also raised while
 │                     iterating ``events()``, whose caller may resume after the last id seen
 └── TurnWaitTimeout   ``wait()`` or ``follow(wait=...)`` gave up before the turn ended or
@@ -57,6 +59,17 @@ class RunEnded(HarnessError):
 
 class Refused(HarnessError):
     exit_code = 1
+
+
+class RequestNotFound(HarnessError, LookupError):
+    exit_code = 1
+
+
+class AnswerRefused(HarnessError):
+    """The permission request was answered already (the first answer wins), its deadline
+    passed or its turn ended; the message says which and how it was decided."""
+
+    exit_code = 2
 
 
 class Unavailable(HarnessError):

@@ -85,6 +85,8 @@ class RedisClient(Protocol):
 
     def hkeys(self, name: str) -> list[str]: ...
 
+    def hmget(self, name: str, keys: Sequence[str]) -> list[str | None]: ...
+
     def sadd(self, name: str, *values: str) -> int: ...
 
     def srem(self, name: str, *values: str) -> int: ...
@@ -177,6 +179,19 @@ class Keys:
         """Held while a rewind rewrites the workspace: a turn waits for it to be released."""
         return f"{self.prefix}:run:{run_id}:workspace-lock"
 
+    def permissions(self, run_id: str) -> str:
+        """A hash of the run's permission requests (request id to JSON: tool, input, turn,
+        deadline), pending or answered (worker/permissions.py)."""
+        return f"{self.prefix}:run:{run_id}:permissions"
+
+    def permission_answers(self, run_id: str) -> str:
+        """A hash of request id to its answer (JSON); the first answer written wins."""
+        return f"{self.prefix}:run:{run_id}:permission-answers"
+
+    def permission_always(self, run_id: str) -> str:
+        """A set of fingerprints (tool and input) allowed for the rest of the run."""
+        return f"{self.prefix}:run:{run_id}:permission-always"
+
     def run_keys(self, run_id: str) -> tuple[str, ...]:
         """Keys that share the run's retention."""
         return (
@@ -184,6 +199,9 @@ class Keys:
             self.events(run_id),
             self.transcript(run_id),
             self.rewinds(run_id),
+            self.permissions(run_id),
+            self.permission_answers(run_id),
+            self.permission_always(run_id),
         )
 
     def slots(self, credential: str, part: str) -> str:

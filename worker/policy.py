@@ -13,6 +13,7 @@ from adapters.protocol import Capabilities, TurnRequest
 from config import Settings
 from sandbox.egress import EgressConfig, Endpoint, base_url_endpoint
 from sandbox.seeding import SeedError, check_repo_url
+from worker import permissions
 from worker.errors import InvalidInput
 from worker.spec import RunOptions
 
@@ -168,6 +169,7 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
                 f"--repo: {exc} (operator policy HARNESS_REPO_SCHEMES, HARNESS_REPO_HOSTS)"
             ) from None
     warnings = capability_warnings(options)
+    permissions.check_posture(options, settings)
     return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
 
 
@@ -220,7 +222,8 @@ def capability_warnings(options: RunOptions) -> tuple[str, ...]:
     detail = adapter.policy_warning(
         TurnRequest(input="", posture=options.posture, allow=options.allow, deny=options.deny)
     )
-    if caps.permission_policy == "none" and (patterns or options.posture != "dangerous"):
+    unapplied = options.posture not in ("dangerous", "ask")  # ask: asked of us, not applied
+    if caps.permission_policy == "none" and (patterns or unapplied):
         warnings.append(
             detail
             or f"{harness} enforces no permission policy (permission_policy none): the "

@@ -266,7 +266,11 @@ class Renderer:
 
     # -- the interface worker/cli.py uses -------------------------------------------------
 
+    run_id: str | None = None
+    """The run being followed, for the answer commands shown with a permission request."""
+
     def accepted(self, run_id: str, turn: int) -> None:
+        self.run_id = run_id
         if self.json:
             self._line(json.dumps({"run_id": run_id, "turn": turn}))
             return
@@ -380,7 +384,21 @@ class Renderer:
             if data.get("command"):
                 line.append(f"  {one_line(clean(str(data['command'])))}", style="dim")
             self._print(line)
+            if data.get("deadline"):
+                self._print(Text(permission_hint(data, self.run_id), style="dim yellow"))
             self._wait("waiting on a permission")
+        elif kind == "permission-decision":
+            allowed = data.get("decision") == "allow"
+            line = Text(
+                f"  {'✓ allowed' if allowed else '✗ denied'} {data.get('request_id')}",
+                style="bold green" if allowed else "bold red",
+            )
+            scope = " for the rest of the run" if data.get("scope") == "always" else ""
+            line.append(f"{scope} by {clean(str(data.get('by') or '?'))}", style="dim")
+            if data.get("message"):
+                line.append(f": {one_line(clean(str(data['message'])))}", style="dim")
+            self._print(line)
+            self._wait("working")
         elif kind == "usage":
             view.add_usage(data)
             self._wait("thinking")
@@ -668,3 +686,13 @@ class _Status:
 
     def __rich__(self) -> Spinner:
         return self._slot.render()
+
+
+def permission_hint(data: dict[str, Any], run_id: str | None) -> str:
+    """How to answer a waiting permission request, and until when."""
+    run, request = run_id or "RUN_ID", data.get("request_id")
+    until = time.strftime("%H:%M:%S", time.localtime(float(data["deadline"])))
+    return (
+        f"    answer: harness approve {run} {request} [--always]  |  "
+        f"harness deny {run} {request} [--message TEXT]  (denied at {until} unanswered)"
+    )

@@ -60,7 +60,7 @@ class RunOptions(BaseModel):
     harness: str
     model: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=1_000_000)
-    posture: Literal["strict", "auto", "dangerous"] = "auto"
+    posture: Literal["strict", "auto", "dangerous", "ask"] = "auto"
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     grants: tuple[str, ...] = ()

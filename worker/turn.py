@@ -38,6 +38,7 @@ from worker import (
     logs,
     metrics,
     parking,
+    permissions,
     slots,
     workspace_steps,
 )
@@ -248,8 +249,9 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
     stop = guard.stop_check(life.stop_check(), out)
 
     work_began = time.time()
+    gate = permissions.gate_for(deps, run_id, turn, options, out.publisher.masker)
     outcome, driver = _attempt(
-        adapter, request, sandbox, placement, secrets, out, limits, stop, 1, started
+        adapter, request, sandbox, placement, secrets, out, limits, stop, 1, started, gate
     )
     terminal = _explain_kill(outcome.terminal, sandbox, run_id)
     if (
@@ -267,7 +269,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         if replayed:
             out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
         outcome, driver = _attempt(
-            adapter, fresh, sandbox, placement, secrets, out, limits, stop, 2, started
+            adapter, fresh, sandbox, placement, secrets, out, limits, stop, 2, started, gate
         )
         terminal = outcome.terminal
 
@@ -375,6 +377,7 @@ def _attempt(
     stop: Callable[[], SessionError | None],
     number: int,
     started: Callable[[], None],
+    gate: permissions.Gate | None = None,
 ) -> tuple[attempt.Outcome, StreamDriver]:
     driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
     head = driver.start()
@@ -393,6 +396,7 @@ def _attempt(
         env=dict(command.env),
         files=dict(command.files),
         cwd=command.cwd,
+        keep_stdin=command.keep_stdin,
     )
     try:
         process = sandbox.start(placement, spec, secrets)
@@ -402,7 +406,9 @@ def _attempt(
         return attempt.Outcome(driver.terminal, None, ""), driver
     log.info("harness.started", extra={"attempt": number, "executable": spec.argv[0]})
     try:
-        outcome = attempt.drive(process, driver, out, limits, stop)
+        if gate is not None:
+            gate.attach(adapter, driver.state, process)
+        outcome = attempt.drive(process, driver, out, limits, stop, gate)
         log.info("harness.exited", extra={"attempt": number, "exit_code": outcome.exit_code})
     except SandboxError as exc:
         with contextlib.suppress(SandboxError):
@@ -525,6 +531,7 @@ def close_lost_turn(
     first stops whatever the lost turn left running), and its credential is revoked now.
     """
     credentials.revoke(deps.redis, deps.keys, run_id)
+    permissions.close_turn(deps.redis, deps.keys, run_id, turn, "worker:worker-lost")
     ref = TurnRef(deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness)
     if end_unclaimed_turn(ref, session_error(error, "worker-lost"), patience_s=600.0):
         metrics.turn_failed(harness, "worker-lost")

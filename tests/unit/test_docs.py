@@ -22,6 +22,7 @@ STATUS_ONLY_FIELDS = {"credential_live", "waiting_for_worker"}
 NOT_SETTINGS = {
     "HARNESS_TURN": "adapters/stdio_json.py",  # given to a stdio-json harness
     "HARNESS_RESUME_SESSION": "adapters/stdio_json.py",
+    "HARNESS_POSTURE": "adapters/stdio_json.py",  # --posture ask
     "HARNESS_RUN_TOKEN": "worker/credentials.py",  # the per-run credential a harness gets
     "HARNESS_ID": "adapters/stdio_json.py",  # an adapter's constant
     "HARNESS_DOCKER2_BRIDGE_CIDR": "scripts/second-dockerd",

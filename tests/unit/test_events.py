@@ -53,7 +53,22 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "port": OPT_INT,
         "denied": {"boolean", "null"},
     },
-    "permission-request": {"request_id": STRING, "description": STRING, "command": OPT_STRING},
+    "permission-request": {  # tool .. deadline: --posture ask (CONTRACT.md, "Next additions")
+        "request_id": STRING,
+        "description": STRING,
+        "command": OPT_STRING,
+        "tool": OPT_STRING,
+        "input": OPT_STRING,
+        "input_chars": OPT_INT,
+        "deadline": OPT_NUMBER,
+    },
+    "permission-decision": {
+        "request_id": STRING,
+        "decision": STRING,
+        "scope": STRING,
+        "by": STRING,
+        "message": OPT_STRING,
+    },
     "workspace": {  # CONTRACT.md, "Next additions", and docs/events.md
         "snapshot": STRING,
         "added": ARRAY,
@@ -100,6 +115,8 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
 CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
     ("sandbox-activity", "kind"): {"command", "file", "tool", "network", "other"},
     ("usage", "source"): {"harness", "replay"},
+    ("permission-decision", "decision"): {"allow", "deny"},
+    ("permission-decision", "scope"): {"once", "always"},
     ("session-error", "reason"): {
         "rate-limited",
         "quota",
