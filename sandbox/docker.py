@@ -260,6 +260,7 @@ class DockerSandbox:
             env={**spec.env, **secrets, "HOME": placement.home},
             stdin=spec.stdin,
             run_id=placement.run_id,
+            keep_stdin=spec.keep_stdin,
         )
         with self._lock:
             running = self._processes.setdefault(placement.run_id, set())
