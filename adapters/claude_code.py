@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import claude_control, coerce
+from adapters.asks import Ask, Decision
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -33,6 +34,7 @@ CAPABILITIES = Capabilities(
     model_selection=True,
     model_reporting=True,
     mcp_client=False,
+    permission_ask=True,
 )
 
 # Messages we map: system (init, api_retry, permission_denied), assistant (text / tool_use
@@ -73,7 +75,9 @@ def build_command(request: TurnRequest) -> Command:
         path = f"{request.home.rstrip('/')}/.harness/claude-system-prompt.md"
         files[path] = request.system_prompt
         argv += ["--append-system-prompt-file", path]
-    if request.posture == "dangerous":
+    if request.posture == "ask":
+        argv += [*claude_control.ARGV, "--permission-mode", "default"]
+    elif request.posture == "dangerous":
         argv.append("--dangerously-skip-permissions")
         # 2.1.328 refuses the skip flag as root unless told it is sandboxed; the dangerous
         # posture is the producer saying exactly that.
@@ -91,6 +95,9 @@ def build_command(request: TurnRequest) -> Command:
         argv += ["--disallowedTools", *request.deny]
     if request.base_url:
         env["ANTHROPIC_BASE_URL"] = request.base_url
+    if request.posture == "ask":
+        stdin = claude_control.first_message(request)
+        return Command(tuple(argv), stdin, env, files, cwd=request.workspace, keep_stdin=True)
     stdin = request.input.encode("utf-8")
     return Command(tuple(argv), stdin, env, files, cwd=request.workspace)
 
@@ -257,7 +264,13 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         return _assistant(message, state)
     if kind == "result":
         return _result(message, state)
+    if kind == "control_request":
+        claude_control.control_request(message, state, state.denied)
     return []
+
+
+def answer(state: State, ask: Ask, decision: Decision) -> None:
+    claude_control.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:

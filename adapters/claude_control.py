@@ -1,0 +1,80 @@
+"""claude-code with ``--posture ask``: the stdin control channel of ``claude -p
+--input-format stream-json --permission-prompt-tool stdio`` (verified with 2.1.328).
+
+The input goes on stdin as one stream-json ``user`` message and stdin stays open. Each tool
+call the permission rules do not settle arrives on stdout as ``{"type":"control_request",
+"request_id":R,"request":{"subtype":"can_use_tool","tool_name":T,"input":I,...}}`` and waits
+for ``{"type":"control_response","response":{"subtype":"success","request_id":R,
+"response":{"behavior":"allow","updatedInput":I}}}`` (or ``"behavior":"deny","message":M``)
+on stdin. The channel fails closed: a closed stdin or an invalid answer is a denial. Once
+the ``result`` line has come, stdin is closed and the CLI exits.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from adapters import coerce
+from adapters.asks import Ask, Decision
+from adapters.protocol import AdapterState, TurnRequest
+
+ARGV = ("--input-format", "stream-json", "--permission-prompt-tool", "stdio")
+"""Added to ``claude -p --output-format stream-json --verbose``; the permission mode is
+``default``, so every call the rules do not settle is asked."""
+
+
+def first_message(request: TurnRequest) -> bytes:
+    """The turn input as a stream-json ``user`` message line."""
+    line = {
+        "type": "user",
+        "message": {"role": "user", "content": request.input},
+        "parent_tool_use_id": None,
+        "session_id": "",
+    }
+    return json.dumps(line).encode("utf-8") + b"\n"
+
+
+def control_request(message: dict[str, Any], state: AdapterState, asked: set[str]) -> None:
+    """A ``control_request`` from the CLI: a permission request becomes an :class:`Ask`;
+    anything else is refused at once (the CLI would wait for it forever)."""
+    request_id = coerce.nonempty(message.get("request_id"))
+    body = coerce.mapping(message.get("request"))
+    if request_id is None:
+        return
+    if body.get("subtype") != "can_use_tool":
+        _reply(state, {"subtype": "error", "request_id": request_id, "error": "not supported"})
+        return
+    tool = coerce.nonempty(body.get("tool_name")) or "tool"
+    value = coerce.mapping(body.get("input"))
+    command = coerce.nonempty(value.get("command")) if tool == "Bash" else None
+    tool_use = coerce.nonempty(body.get("tool_use_id"))
+    if tool_use:
+        asked.add(tool_use)  # its denial in the result's permission_denials is already ours
+    state.asks.append(
+        Ask(
+            native_id=request_id,
+            tool=tool,
+            input=value,
+            description=coerce.nonempty(body.get("description"))
+            or coerce.nonempty(body.get("display_name"))
+            or tool,
+            command=command,
+            reply={"input": value},
+        )
+    )
+
+
+def answer(state: AdapterState, ask: Ask, decision: Decision) -> None:
+    if decision.allow:
+        verdict: dict[str, Any] = {"behavior": "allow", "updatedInput": ask.reply["input"]}
+    else:
+        verdict = {"behavior": "deny", "message": decision.message or "denied"}
+        if decision.abort:
+            verdict["interrupt"] = True
+    _reply(state, {"subtype": "success", "request_id": ask.native_id, "response": verdict})
+
+
+def _reply(state: AdapterState, response: dict[str, Any]) -> None:
+    line = {"type": "control_response", "response": response}
+    state.outbox.append(json.dumps(line).encode("utf-8") + b"\n")
