@@ -200,7 +200,9 @@ class HarnessClient:
 
         ``options`` are those of ``harness run``: model, system_prompt, posture, allow, deny,
         grants, sandbox, image, network, resume_session, base_url, executable, timeout_s,
-        workspace, repo, ref, push_branch, and ``archive`` (a path: the archive is uploaded
+        workspace, repo, ref, push_branch, max_cost_usd, max_tokens, max_turns, max_wall_s
+        (the run's budget, within the operator's ceilings), on_limit (``park`` or ``fail``),
+        producer, and ``archive`` (a path: the archive is uploaded
         through Redis and unpacked into the workspace by the worker). Refused with
         InvalidInput (nothing created) when invalid or beyond policy.
         """

@@ -142,9 +142,15 @@ def take(
     if not wanted:
         return NO_HOLD
     run_id, turn = payload.run_id, payload.turn
-    if deps.redis.exists(deps.keys.turn_started(run_id, turn)):
-        return NO_HOLD  # taken, cancelled or closed already: the claim decides
     who = member(run_id, turn)
+    if deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+        # Taken, cancelled or closed already: the claim decides. A turn no worker runs any
+        # more (cancelled while it waited) stops waiting, so it holds up nobody's place.
+        if not deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+            scripts = lua.scripts(deps.redis)
+            for _, _, digest in wanted:
+                scripts.slot_release(*_keys(deps, digest), who)
+        return NO_HOLD
     producer = options.producer or ""
     now = time.time()
     hold = Hold(deps, [], who)

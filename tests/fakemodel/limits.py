@@ -1,48 +1,53 @@
 """Rate limits and quotas that end: the ``[limited:...]`` marker of the fake model server.
 
-``[limited:SCENARIO:SECONDS:KEY]`` (``SCENARIO`` is ``http-429`` or ``quota``): every model
-call whose current prompt carries this marker gets that scenario's error for ``SECONDS``
-after the first such call (the window is named by ``KEY``, so a retried turn, whatever else
-its conversation holds, meets the same window), then the server answers as usual. The reset
-is announced as real APIs do: a ``retry-after`` header with the seconds left (at least 1),
-and the same in the error's text (OpenAI's "try again in Ns", Gemini's ``RetryInfo``).
-``[limited:SCENARIO:SECONDS:KEY:no-reset]`` announces none: the error says nothing of when.
+``[limited:SCENARIO:CALLS:KEY]`` (``SCENARIO`` is ``http-429`` or ``quota``): the first
+``CALLS`` model calls whose current prompt carries this marker get that scenario's error
+(counted under ``KEY``, so a retried turn, whatever else its conversation holds, meets the
+same limit), then the server answers as usual. Counting calls rather than seconds lets a
+test outlast a CLI's own retries (several of them retry a limit themselves before they give
+up) without waiting for them. Each error announces a reset of ``RESET_S`` as real APIs do: a
+``retry-after`` header, and the same in the error's text (OpenAI's "try again in Ns",
+Gemini's ``RetryInfo``). ``[limited:SCENARIO:CALLS:KEY:no-reset]`` announces none.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import re
 import threading
-import time
 from typing import Any
 
 from tests.fakemodel.apis import ErrorReply
 from tests.fakemodel.scenarios import RETRY_AFTER_S
 
-MARKER = re.compile(
-    r"\[limited:(http-429|quota):([0-9]+(?:\.[0-9]+)?):([A-Za-z0-9_-]+)(:no-reset)?\]"
-)
+MARKER = re.compile(r"\[limited:(http-429|quota):([0-9]+):([A-Za-z0-9_-]+)(:no-reset)?\]")
+RESET_S = 1
+"""The reset each limited call announces, in seconds."""
 
 
 class Windows:
-    """When each named window opened (shared by the server's handler threads)."""
+    """How many calls each named limit has refused (shared by the handler threads)."""
 
     def __init__(self) -> None:
-        self._opened: dict[str, float] = {}
+        self._refused: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def left(self, key: str, seconds: float) -> float:
-        """Seconds this window stays shut (0 once it is over); the first call opens it."""
-        now = time.monotonic()
+    def refuse(self, key: str, calls: int) -> bool:
+        """Whether this call is refused: fewer than ``calls`` were, under ``key``."""
         with self._lock:
-            opened = self._opened.setdefault(key, now)
-        return max(0.0, opened + seconds - now)
+            refused = self._refused.get(key, 0)
+            if refused >= calls:
+                return False
+            self._refused[key] = refused + 1
+            return True
+
+    def refused(self, key: str) -> int:
+        with self._lock:
+            return self._refused.get(key, 0)
 
     def clear(self) -> None:
         with self._lock:
-            self._opened.clear()
+            self._refused.clear()
 
 
 def limited_reply(windows: Windows, handler: Any, prompt: str) -> ErrorReply | None:
@@ -50,9 +55,8 @@ def limited_reply(windows: Windows, handler: Any, prompt: str) -> ErrorReply | N
     match = MARKER.search(prompt)
     if match is None:
         return None
-    scenario, seconds, key, no_reset = match.groups()
-    left = windows.left(key, float(seconds))
-    if left <= 0:
+    scenario, calls, key, no_reset = match.groups()
+    if not windows.refuse(key, int(calls)):
         return None
     reply: ErrorReply = handler.error(scenario)
     headers = {k: v for k, v in reply.headers.items() if k.lower() != "retry-after"}
@@ -65,7 +69,7 @@ def limited_reply(windows: Windows, handler: Any, prompt: str) -> ErrorReply | N
             if isinstance(details, list):
                 error["details"] = [d for d in details if "RetryInfo" not in str(d.get("@type"))]
         return ErrorReply(reply.status, headers, body)
-    wait = max(1, math.ceil(left))
+    wait = RESET_S
     headers["retry-after"] = str(wait)
     if error is not None:
         message = _without_reset(str(error.get("message", "")))

@@ -148,3 +148,47 @@ def test_the_reaper_gives_back_a_slot_held_by_a_lost_worker(
     lost = client.wait(holder, 1, timeout=30)
     assert lost.data["reason"] == "worker-lost"
     assert client.wait(waiter, 1, timeout=30).type == "turn-complete"
+
+
+def test_a_turn_cancelled_while_it_waits_holds_up_nobody(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker import slots
+    from worker.records import RunStore
+    from worker.spec import RunOptions, TurnPayload
+    from worker.turn_deps import Shutdown, TurnDeps
+
+    monkeypatch.setenv("DEMO_TOKEN", KEY_VALUE)
+    settings = env.settings(key_slots="DEMO_TOKEN=1")
+    r = env.redis()
+    deps = TurnDeps(
+        settings=settings,
+        redis=r,  # type: ignore[arg-type]
+        keys=env.keys,
+        store=RunStore(r, env.keys, settings.retention_s),  # type: ignore[arg-type]
+        sandbox_for=lambda backend: None,  # type: ignore[arg-type,return-value]
+        worker_id="test:1",
+        shutdown=Shutdown(0),
+    )
+    sent: list[tuple[str, float]] = []
+
+    def requeue(payload: dict[str, Any], queue: str, countdown: float) -> None:
+        sent.append((payload["run_id"], countdown))
+
+    options = RunOptions(harness="stdio-json", grants=("DEMO_TOKEN",), producer="p")
+    holder, early, late = (TurnPayload(run_id="r" + c * 24, turn=1, input="x") for c in "abc")
+    for payload in (holder, early, late):
+        deps.store.create(payload.run_id, options, queue="q", sandbox="local")
+    hold = slots.take(deps, holder, options, requeue)
+    assert hold is not None and hold.held
+    assert slots.take(deps, early, options, requeue) is None  # waits: place 1
+    assert slots.take(deps, late, options, requeue) is None  # waits: place 2
+    assert deps.store.record(late.run_id).slot_wait["place"] == 2  # type: ignore[index]
+    assert [run_id for run_id, _ in sent] == [early.run_id, late.run_id]
+
+    r.set(env.keys.turn_started(early.run_id, 1), "client-cancel")  # cancelled while waiting
+    assert slots.take(deps, early, options, requeue) is slots.NO_HOLD  # its copy comes back
+    hold.release()
+    got = slots.take(deps, late, options, requeue)
+    assert got is not None and got.held  # the cancelled turn is no longer ahead of it
+    got.release()
