@@ -56,9 +56,7 @@ def seed_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def add_commands(
-    command: Command, run_id: Callable[[argparse.ArgumentParser], None]
-) -> None:
+def add_commands(command: Command, run_id: Callable[[argparse.ArgumentParser], None]) -> None:
     diff = command(
         "diff",
         "print a unified diff of a run's workspace",
