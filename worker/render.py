@@ -510,7 +510,10 @@ def _retry_hint(data: dict[str, Any]) -> str:
 RECORD_ORDER = (
     "status",
     "waiting",
+    "resume_at",
+    "waiting_for_slot",
     "last_error",
+    "budget_exceeded",
     "warnings",
     "run_id",
     "harness",

@@ -353,3 +353,33 @@ def test_the_spend_timing_table_in_the_docs_matches_the_adapters() -> None:
         priced = adapters.capabilities(harness)["cost_reporting"]
         assert (cost == "never") == (not priced), harness
         assert (cost == "at the end of the turn only") == budgets.COST_AT_END[harness], harness
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def test_follow_shows_a_park_and_a_budget_stop_for_a_person() -> None:
+    import io
+
+    from worker.client import StreamEvent
+    from worker.render import Renderer, parked_text, slot_text
+
+    now = time.time()
+    text = parked_text({"resume_at": now + 90, "reason": "quota", "next_turn": 4}, now)
+    assert text.startswith("parked (quota): the worker sends this input again as turn 4 at ")
+    assert text.endswith("(in 1m30s)") or "in 1m" in text
+    notice = {"grant": "K", "limit": 2, "place": 3, "waiting": 5, "since": now - 5}
+    assert slot_text(notice, now).startswith(
+        "waiting for a slot of K (at most 2 turns at once on that key): place 3 of 5 waiting"
+    )
+    out = io.StringIO()
+    renderer = Renderer(False, out, terminal=False, err=io.StringIO())
+    event = StreamEvent("1-2", "parked", {"resume_at": now + 2, "reason": "rate-limited",
+                                          "next_turn": 2}, now)  # fmt: skip
+    renderer.event(event)
+    stop = session_error("the run's budget is spent during the turn: max_tokens 5", "budget")
+    renderer.event(StreamEvent("1-3", "session-error", stop.data(), now))
+    renderer.close()
+    shown = out.getvalue()
+    assert "parked (rate-limited)" in shown and "as turn 2" in shown
+    assert "budget" in shown and "max_tokens 5" in shown
