@@ -1,6 +1,8 @@
 """Unpacking a producer's archive (tar, tar.gz or zip, told apart by content) into a workspace.
 
-Two passes. The first reads the whole archive and refuses it, writing nothing, for:
+One pass: each member is checked against every rule below before anything of it is written,
+and a refusal (or any failure) removes everything the extraction created, through the
+writer's own list of what it created, so nothing that was there before is touched. Refused:
 
 - a path that is absolute, has a ``..``, ``.`` (except a leading ``./``) or empty component,
   a NUL, a component over 255 bytes, over 4096 bytes in all, is not UTF-8 (tar gives bytes;
@@ -17,20 +19,22 @@ Two passes. The first reads the whole archive and refuses it, writing nothing, f
   count stops the read as soon as a bound is passed (a gzip stream is read through a
   counting reader, so even a tar header cannot make it inflate without bound).
 
-The second pass writes through :class:`sandbox.safe_fs.SafeWriter` (no link followed, files
-``0644``/``0755``, owned by ``uid:gid``), counting again; any failure removes what it wrote.
+Writing goes through :class:`sandbox.safe_fs.SafeWriter` (no link followed, files
+``0644``/``0755``, owned by ``uid:gid``); a member under a symlink is refused before the
+writer could be asked to pass through it, and the writer would refuse anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
-import posixpath
 import stat
 import tarfile
 import zipfile
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
@@ -67,29 +71,44 @@ class _Member:
     target: str = ""
 
 
-def extract_archive(path: Path, workspace: Path, limits: ArchiveLimits, uid: int, gid: int) -> int:
+FileSeen = Callable[[str, bool, bytes, os.stat_result], None]
+"""Told of each regular file written: (path, executable, its bytes, its final ``fstat``)."""
+
+
+def extract_archive(
+    path: Path,
+    workspace: Path,
+    limits: ArchiveLimits,
+    uid: int,
+    gid: int,
+    seen: FileSeen | None = None,
+    seen_max_bytes: int = 0,
+) -> int:
     """Unpack ``path`` into ``workspace``; the number of members written.
-    :class:`ArchiveRefused` (nothing left behind) when any rule of the module is broken."""
+    :class:`ArchiveRefused` (nothing left behind) when any rule of the module is broken.
+    ``seen`` is told of every file written of at most ``seen_max_bytes`` (a caller that
+    records the files needs not read them back)."""
     size = path.stat().st_size
     if size > limits.max_bytes:
         raise ArchiveRefused(f"the archive is {size} bytes, above the limit of {limits.max_bytes}")
     kind = detect(path)
     reader = _ZipReader(path, limits, size) if kind == "zip" else _TarReader(path, limits, size)
-    members = [member for member, _ in reader.members()]
-    _validate(members, limits)
-    before = set(list_names_of(workspace))
-    written: list[str] = []
+    rules = _Rules(limits)
+    written = 0
+    writer = SafeWriter(workspace, uid, gid)
+    members = reader.members()
     try:
-        with SafeWriter(workspace, uid, gid) as writer:
-            for member, data in reader.members():
-                _write(writer, member, data)
-                written.append(member.path)
+        with writer, contextlib.closing(members):
+            for member, data in members:
+                rules.check(member)
+                _write(writer, member, data, seen, seen_max_bytes)
+                written += 1
     except (ArchiveRefused, UnsafePath, OSError) as exc:
-        _undo(workspace, before, written, uid, gid)
+        _undo(workspace, writer.created, uid, gid)
         if isinstance(exc, ArchiveRefused):
             raise
         raise ArchiveRefused(f"cannot unpack the archive: {exc}") from exc
-    return len(written)
+    return written
 
 
 def list_names_of(directory: Path) -> list[str]:
@@ -165,15 +184,26 @@ def check_link_target(path: str, target: str) -> None:
         raise ArchiveRefused(f"member {shown}: a link pointing outside ({target[:100]!r})")
 
 
-def _validate(members: list[_Member], limits: ArchiveLimits) -> None:
-    kinds: dict[str, Kind] = {}
-    for member in members:
-        parts = member.path.split("/")
-        for i in range(1, len(parts)):
-            parent = "/".join(parts[:i])
-            found = kinds.setdefault(parent, "dir")
-            if found != "dir":
-                raise ArchiveRefused(f"member {member.path!r}: lies under a {found} member")
+class _Rules:
+    """The rules that span members, checked one member at a time, before it is written."""
+
+    def __init__(self, limits: ArchiveLimits) -> None:
+        self.limits = limits
+        self.kinds: dict[str, Kind] = {}
+        self.count = 0
+
+    def check(self, member: _Member) -> None:
+        kinds = self.kinds
+        self.count += 1
+        if self.count > self.limits.max_files:
+            raise ArchiveRefused(f"more than {self.limits.max_files} members")
+        parent = member.path.rpartition("/")[0]
+        if parent and kinds.get(parent) != "dir":
+            parts = member.path.split("/")
+            for i in range(1, len(parts)):
+                found = kinds.setdefault("/".join(parts[:i]), "dir")
+                if found != "dir":
+                    raise ArchiveRefused(f"member {member.path!r}: lies under a {found} member")
         existing = kinds.get(member.path)
         if existing is not None and not (existing == "dir" and member.kind == "dir"):
             raise ArchiveRefused(f"member {member.path!r}: appears twice")
@@ -184,8 +214,6 @@ def _validate(members: list[_Member], limits: ArchiveLimits) -> None:
                 f"member {member.path!r}: a hard link to {member.target!r}, not an earlier file"
             )
         kinds[member.path] = member.kind
-    if len(members) > limits.max_files:
-        raise ArchiveRefused(f"more than {limits.max_files} members")
 
 
 # -- counting ----------------------------------------------------------------------------
@@ -240,7 +268,7 @@ class _TarReader:
         self.limits = limits
         self.size = size
 
-    def members(self) -> Iterator[tuple[_Member, Iterator[bytes]]]:
+    def members(self) -> Generator[tuple[_Member, Iterator[bytes]], None, None]:
         """Each member with its data (read forward only: a stream, never seeked)."""
         budget = _Budget(self.limits, self.size)
         # The stream's bound also covers headers and padding (a pax header is read whole into
@@ -302,10 +330,17 @@ def _tar_member(info: tarfile.TarInfo) -> _Member | None:
 
 
 def _tar_data(tar: tarfile.TarFile, info: tarfile.TarInfo) -> Iterator[bytes]:
+    # Read by the writer, outside :meth:`_TarReader.members`: its errors are translated here.
     source = tar.extractfile(info)
     if source is None:
         return
-    while chunk := source.read(CHUNK):
+    while True:
+        try:
+            chunk = source.read(CHUNK)
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            raise ArchiveRefused(f"not a valid tar archive: {exc}") from exc
+        if not chunk:
+            return
         yield chunk
 
 
@@ -318,7 +353,7 @@ class _ZipReader:
         self.limits = limits
         self.size = size
 
-    def members(self) -> Iterator[tuple[_Member, Iterator[bytes]]]:
+    def members(self) -> Generator[tuple[_Member, Iterator[bytes]], None, None]:
         budget = _Budget(self.limits, self.size)
         try:
             with zipfile.ZipFile(self.path) as archive:
@@ -371,8 +406,23 @@ def _zip_data(
 ) -> Iterator[bytes]:
     cap = budget.ratio_cap(info.compress_size)
     seen = 0
-    with archive.open(info) as source:
-        while chunk := source.read(CHUNK):
+    # Read by the writer, outside :meth:`_ZipReader.members`: its errors are translated here.
+    try:
+        source = archive.open(info)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as exc:
+        raise ArchiveRefused(f"not a valid zip archive: {exc}") from exc
+    except (UnicodeError, NotImplementedError, RuntimeError) as exc:
+        raise ArchiveRefused(f"an unreadable zip member: {exc}") from exc
+    with source:
+        while True:
+            try:
+                chunk = source.read(CHUNK)
+            except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
+                raise ArchiveRefused(f"not a valid zip archive: {exc}") from exc
+            except (NotImplementedError, RuntimeError) as exc:
+                raise ArchiveRefused(f"an unreadable zip member: {exc}") from exc
+            if not chunk:
+                return
             seen += len(chunk)
             budget.add(len(chunk))
             if seen > cap:
@@ -388,16 +438,40 @@ def _zip_data(
 # -- writing -----------------------------------------------------------------------------
 
 
-def _write(writer: SafeWriter, member: _Member, data: Iterator[bytes]) -> None:
+def _write(
+    writer: SafeWriter,
+    member: _Member,
+    data: Iterator[bytes],
+    seen: FileSeen | None,
+    seen_max_bytes: int,
+) -> None:
     if member.kind == "dir":
         writer.directory(member.path)
-    elif member.kind == "file":
-        writer.write_file(member.path, data, member.executable)
-    elif member.kind == "symlink":
+        return
+    if member.kind == "symlink":
         check_link_target(member.path, member.target)
         writer.symlink(member.path, member.target)
-    else:
-        writer.write_file(member.path, _copy_of(writer, member.target), False)
+        return
+    executable = member.executable
+    if member.kind == "hardlink":
+        data, executable = _copy_of(writer, member.target), False
+    if seen is None:
+        writer.write_file(member.path, data, executable)
+        return
+    kept: list[bytes] = []
+    total = 0
+
+    def tee() -> Iterator[bytes]:
+        nonlocal total
+        for chunk in data:
+            total += len(chunk)
+            if total <= seen_max_bytes:
+                kept.append(chunk)
+            yield chunk
+
+    st = writer.write_file(member.path, tee(), executable)
+    if total <= seen_max_bytes:
+        seen(member.path, executable, b"".join(kept), st)
 
 
 def _copy_of(writer: SafeWriter, path: str) -> Iterator[bytes]:
@@ -414,12 +488,8 @@ def _copy_of(writer: SafeWriter, path: str) -> Iterator[bytes]:
         os.close(fd)
 
 
-def _undo(workspace: Path, before: set[str], written: list[str], uid: int, gid: int) -> None:
-    """Remove what an interrupted extraction wrote: every new top-level entry, and every
-    path written under an entry that was already there."""
+def _undo(workspace: Path, created: list[str], uid: int, gid: int) -> None:
+    """Remove what an interrupted extraction created (the newest first), nothing else."""
     with SafeWriter(workspace, uid, gid) as writer:
-        for name in set(list_names_of(workspace)) - before:
-            writer.remove(name)
-        for path in reversed(written):
-            if path.split("/")[0] in before and posixpath.dirname(path) != "":
-                writer.remove(path)
+        for path in reversed(created):
+            writer.remove(path)

@@ -52,12 +52,15 @@ class SafeWriter:
 
     Directory descriptors are cached for the writer's life, so writing a tree of thousands of
     files opens each directory once. Use as a context manager: the descriptors close on exit.
+    ``created`` lists, in order, every path this writer created (directories included), so a
+    caller can undo exactly that and nothing that was there before.
     """
 
     def __init__(self, root: Path, uid: int, gid: int) -> None:
         self.root = root
         self.uid = uid
         self.gid = gid
+        self.created: list[str] = []
         self._chown = (uid, gid) != (os.geteuid(), os.getegid())
         self._dirs: dict[str, int] = {"": open_root(root)}
 
@@ -93,6 +96,7 @@ class SafeWriter:
                 try:
                     os.mkdir(name, 0o755, dir_fd=parent)
                     created = True
+                    self.created.append(reldir)
                 except FileExistsError:
                     created = False
             fd = os.open(name, DIR_FLAGS, dir_fd=parent)
@@ -112,10 +116,12 @@ class SafeWriter:
             fd = os.open(name, CREATE_FLAGS, 0o600, dir_fd=parent)
         except OSError as exc:
             raise UnsafePath(f"cannot create {path!r}: {exc.strerror}") from exc
+        self.created.append(path)
         try:
-            with os.fdopen(fd, "wb", closefd=False) as out:
-                for chunk in chunks:
-                    out.write(chunk)
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fchmod(fd, 0o755 if executable else 0o644)
             self._own(fd)
             return os.fstat(fd)
@@ -129,6 +135,7 @@ class SafeWriter:
         parent = self.directory(parent_path)
         try:
             os.symlink(target, name, dir_fd=parent)
+            self.created.append(path)
             if self._chown:
                 with contextlib.suppress(PermissionError):
                     os.chown(name, self.uid, self.gid, dir_fd=parent, follow_symlinks=False)

@@ -39,7 +39,7 @@ from sandbox.git_run import GitError, empty_home, redact, run_git
 from sandbox.safe_fs import SafeWriter, UnsafePath
 from sandbox.seed_errors import ArchiveRefused, SeedError
 from sandbox.snapshots import SEED, SnapshotError, SnapshotStore, SnapshotSummary
-from sandbox.workspace_scan import MODE_EXEC, MODE_LINK
+from sandbox.workspace_scan import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id, stamp
 
 __all__ = [
     "ArchiveLimits",
@@ -388,10 +388,28 @@ def seed_from_archive(
     gid: int,
 ) -> SnapshotSummary:
     """Unpack ``archive`` into the fresh ``workspace`` (refused with :class:`ArchiveRefused`,
-    nothing left behind) and take snapshot turn 0."""
-    extract_archive(archive, workspace, limits, uid, gid)
+    nothing left behind) and take snapshot turn 0. Each file's blob is stored while it is
+    written, so turn 0 reads back none of them."""
+    existed = store.exists()
+    fresh: dict[str, Entry] = {}
     try:
-        return store.take(workspace, 0, "seed: archive")
+        with store.add_blobs() as sink:
+
+            def seen(path: str, executable: bool, data: bytes, st: os.stat_result) -> None:
+                oid = blob_id(data)
+                sink(oid, data)
+                mode = MODE_EXEC if executable else MODE_FILE
+                fresh[path] = Entry(mode, oid, len(data), *stamp(st))
+
+            extract_archive(archive, workspace, limits, uid, gid, seen, store.limits.max_file_bytes)
+    except ArchiveRefused:
+        if not existed:
+            store.remove()
+        raise
+    except SnapshotError as exc:
+        raise SeedError(f"cannot store the seeded workspace: {exc}") from exc
+    try:
+        return store.take(workspace, 0, "seed: archive", fresh=fresh)
     except SnapshotError as exc:
         raise SeedError(f"cannot snapshot the seeded workspace: {exc}") from exc
 

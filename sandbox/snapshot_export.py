@@ -10,86 +10,134 @@ placeholder text (``harness-large-file sha256=<hex> size=<n>``) at its path, and
 ``.harness-omitted`` at the root (one ``<sha256> <size> <path>`` line per file) says so; when
 the tree already has a ``.harness-omitted``, the listing takes the first free name
 ``.harness-omitted.<n>``.
+
+The common member (an ASCII name that fits a ustar header) gets a header built here; any
+other goes through :mod:`tarfile` (a pax header). Blobs stream from one ``cat-file`` without a
+round trip each, and the gzip level is 6, as ``tar -z`` uses: level 9 costs twice the time
+for a few percent.
 """
 
 from __future__ import annotations
 
-import io
 import tarfile
+import zlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import BinaryIO
 
-from sandbox.git_objects import BlobReader, TreeEntry
+from sandbox.git_objects import TreeEntry, read_blobs
 from sandbox.workspace_scan import MODE_EXEC, MODE_LINK, parse_placeholder
 
 OMITTED = ".harness-omitted"
+GZIP_LEVEL = 6
+FLUSH_BYTES = 1 << 20
+BLOCK = 512
 
 
-class CountingWriter(io.RawIOBase):
-    """Passes writes through to ``out`` and counts the bytes."""
+class _GzipOut:
+    """Gzip-compresses into ``out`` in large pieces and counts the compressed bytes."""
 
     def __init__(self, out: BinaryIO) -> None:
         self.out = out
         self.count = 0
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self.zlib = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: a gzip wrapper
 
-    def writable(self) -> bool:
-        return True
+    def write(self, data: bytes) -> None:
+        self.pending.append(data)
+        self.pending_bytes += len(data)
+        if self.pending_bytes >= FLUSH_BYTES:
+            self._emit(self.zlib.compress(b"".join(self.pending)))
 
-    def write(self, data: bytes) -> int:  # type: ignore[override]
-        self.out.write(data)
-        self.count += len(data)
-        return len(data)
+    def close(self) -> None:
+        self._emit(self.zlib.compress(b"".join(self.pending)) + self.zlib.flush())
+
+    def _emit(self, data: bytes) -> None:
+        self.pending.clear()
+        self.pending_bytes = 0
+        if data:
+            self.out.write(data)
+            self.count += len(data)
 
 
 def write_tar_gz(
-    tree: Mapping[str, TreeEntry], blobs: BlobReader, out: BinaryIO, mtime: int
+    tree: Mapping[str, TreeEntry], git_dir: Path, home: Path, out: BinaryIO, mtime: int
 ) -> int:
     """Write ``tree`` as a tar.gz to ``out``; the compressed bytes written."""
-    counter = CountingWriter(out)
+    gz = _GzipOut(out)
     omitted: list[str] = []
-    with tarfile.open(fileobj=counter, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        made: set[str] = set()
-        for path in sorted(tree):
-            entry = tree[path]
-            _parents(tar, path, made, mtime)
-            data = blobs.read(entry.oid)
-            info = tarfile.TarInfo(path)
-            info.mtime = mtime
-            info.uname = info.gname = "root"
-            if entry.mode == MODE_LINK:
-                info.type = tarfile.SYMTYPE
-                info.linkname = data.decode("utf-8", "surrogateescape")
-                info.mode = 0o777
-                tar.addfile(info)
-                continue
-            info.mode = 0o755 if entry.mode == MODE_EXEC else 0o644
-            info.size = len(data)
-            large = parse_placeholder(data)
-            if large is not None:
-                omitted.append(f"{large[0]} {large[1]} {path}\n")
-            tar.addfile(info, io.BytesIO(data))
-        if omitted:
-            name = OMITTED
-            n = 0
-            while name in tree:
-                n += 1
-                name = f"{OMITTED}.{n}"
-            listing = "".join(omitted).encode("utf-8", "surrogateescape")
-            info = tarfile.TarInfo(name)
-            info.mtime, info.mode, info.size = mtime, 0o644, len(listing)
-            tar.addfile(info, io.BytesIO(listing))
-    return counter.count
+    made: set[str] = set()
+    paths = sorted(tree)
+    blobs = read_blobs(git_dir, home, [tree[p].oid for p in paths])
+    for path, data in zip(paths, blobs, strict=True):
+        entry = tree[path]
+        _parents(gz, path, made, mtime)
+        if entry.mode == MODE_LINK:
+            gz.write(_header(path, tarfile.SYMTYPE, 0o777, 0, mtime, _link_text(data)))
+            continue
+        mode = 0o755 if entry.mode == MODE_EXEC else 0o644
+        gz.write(_header(path, tarfile.REGTYPE, mode, len(data), mtime))
+        gz.write(data)
+        if len(data) % BLOCK:
+            gz.write(bytes(BLOCK - len(data) % BLOCK))
+        large = parse_placeholder(data) if len(data) < 200 else None
+        if large is not None:
+            omitted.append(f"{large[0]} {large[1]} {path}\n")
+    if omitted:
+        name = OMITTED
+        n = 0
+        while name in tree:
+            n += 1
+            name = f"{OMITTED}.{n}"
+        listing = "".join(omitted).encode("utf-8", "surrogateescape")
+        gz.write(_header(name, tarfile.REGTYPE, 0o644, len(listing), mtime))
+        gz.write(listing + bytes(-len(listing) % BLOCK))
+    gz.write(bytes(2 * BLOCK))  # the end-of-archive marker
+    gz.close()
+    return gz.count
 
 
-def _parents(tar: tarfile.TarFile, path: str, made: set[str], mtime: int) -> None:
+def _link_text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _header(name: str, kind: bytes, mode: int, size: int, mtime: int, linkname: str = "") -> bytes:
+    raw_name, raw_link = name.encode("ascii", "replace"), linkname.encode("ascii", "replace")
+    if (
+        len(raw_name) > 100
+        or len(raw_link) > 100
+        or not (name.isascii() and linkname.isascii())
+        or size >= 0o77777777777
+    ):
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.size, info.mtime = kind, mode, size, mtime
+        info.linkname = linkname
+        info.uname = info.gname = "root"
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    header = b"".join((
+        raw_name.ljust(100, b"\0"),
+        b"%07o\0" % mode,
+        b"0000000\0" * 2,  # uid, gid
+        b"%011o\0" % size,
+        b"%011o\0" % mtime,
+        b" " * 8,  # the checksum, counted as spaces
+        kind,
+        raw_link.ljust(100, b"\0"),
+        b"ustar\x0000",
+        b"root".ljust(32, b"\0") * 2,  # uname, gname
+        b"0000000\0" * 2,  # devmajor, devminor
+        bytes(167),  # prefix and padding
+    ))  # fmt: skip
+    checksum = b"%06o\0 " % sum(header)
+    return header[:148] + checksum + header[156:]
+
+
+def _parents(gz: _GzipOut, path: str, made: set[str], mtime: int) -> None:
     parts = path.split("/")[:-1]
     for i in range(1, len(parts) + 1):
         directory = "/".join(parts[:i])
         if directory in made:
             continue
         made.add(directory)
-        info = tarfile.TarInfo(directory)
-        info.type = tarfile.DIRTYPE
-        info.mode = 0o755
-        info.mtime = mtime
-        tar.addfile(info)
+        gz.write(_header(directory, tarfile.DIRTYPE, 0o755, 0, mtime))

@@ -36,6 +36,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import marshal
+import os
+import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sandbox.base import SandboxError
-from sandbox.git_objects import BlobReader, FastImport, TreeEntry, ls_tree
+from sandbox.git_objects import BlobReader, FastImport, ls_tree
 from sandbox.git_run import NEUTRAL_ATTRIBUTES, GitError, empty_home, popen_git, redact, run_git
 from sandbox.safe_fs import SafeWriter, UnsafePath
 from sandbox.snapshot_export import write_tar_gz
@@ -52,12 +54,14 @@ from sandbox.workspace import safe_name
 from sandbox.workspace_scan import (
     MODE_EXEC,
     MODE_LINK,
+    BlobSink,
     Entry,
     IgnoreRules,
     ScanBounds,
     Scanner,
     ScanResult,
     parse_placeholder,
+    stamp,
 )
 
 TIP = "refs/harness/tip"
@@ -65,6 +69,9 @@ SEED = "refs/harness/seed"
 MANIFEST = "harness-manifest"
 MANIFEST_VERSION = 1
 MiB = 1024 * 1024
+PREFETCH_BYTES = 64 * MiB
+"""A rewind keeps up to this much of the blobs it read to classify, instead of reading again."""
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -153,15 +160,26 @@ class SnapshotStore:
 
     # -- recording -----------------------------------------------------------------------
 
-    def take(self, workspace: Path, turn: int, message: str) -> SnapshotSummary:
+    def take(
+        self,
+        workspace: Path,
+        turn: int,
+        message: str,
+        *,
+        fresh: Mapping[str, Entry] | None = None,
+    ) -> SnapshotSummary:
         """Record the workspace as turn ``turn``'s snapshot and summarise what changed since
-        the previous snapshot in the chain (a rewind included)."""
+        the previous snapshot in the chain (a rewind included).
+
+        ``fresh``: files the worker itself has just written, with nothing else writing to the
+        workspace since (a seed), their blobs already in the store (see :meth:`add_blobs`);
+        one whose stat still matches is not read again."""
         with self._locked():
             parent = self._resolve(TIP) or self._resolve(SEED)
             previous = self._manifest(parent)
             importer = FastImport(self.path, self._home())
             try:
-                scan = self._scan(workspace, previous, importer)
+                scan = self._scan(workspace, previous, importer, fresh or {})
                 current = dict(scan.entries)
                 if not scan.complete:
                     # Unreached paths keep their previous record: nothing is deleted.
@@ -174,6 +192,22 @@ class SnapshotStore:
                 raise SnapshotError(f"cannot snapshot turn {turn}: {exc}") from exc
             self._save_manifest(commit, current, previous)
         return self._summary(turn, commit, parent, changes, scan)
+
+    @contextlib.contextmanager
+    def add_blobs(self) -> Iterator[BlobSink]:
+        """A sink of (blob id, bytes) into the store (created if need be), for the blobs of
+        files a ``take(fresh=...)`` will name; written when the block ends without error."""
+        self.init()
+        importer = FastImport(self.path, self._home())
+        try:
+            yield importer.blob
+        except BaseException:
+            importer.abort()
+            raise
+        try:
+            importer.finish()
+        except (OSError, GitError) as exc:
+            raise SnapshotError(f"cannot store the seed's files: {exc}") from exc
 
     def restore(
         self, workspace: Path, turn: int, uid: int, gid: int, *, as_turn: int
@@ -191,7 +225,7 @@ class SnapshotStore:
         with self._locked():
             parent = self._resolve(TIP) or self._resolve(SEED)
             previous = self._manifest(parent)
-            target = ls_tree(self.path, target_commit, self._home(), self.limits.timeout_s)
+            target = self._tree_of(target_commit, parent, previous)
             importer = FastImport(self.path, self._home())
             try:
                 scan = self._scan(workspace, previous, importer)
@@ -265,8 +299,7 @@ class SnapshotStore:
             )
         when = int(self._git(["show", "-s", "--format=%ct", commit]).decode().strip() or 0)
         try:
-            with BlobReader(self.path, home) as blobs:
-                return write_tar_gz(tree, blobs, out, when)
+            return write_tar_gz(tree, self.path, home, out, when)
         except (OSError, GitError) as exc:
             raise SnapshotError(f"cannot export turn {turn}: {exc}") from exc
 
@@ -317,6 +350,13 @@ class SnapshotStore:
     def _resolve(self, ref: str) -> str | None:
         if not self.exists():
             return None
+        # The store is the worker's and every ref in it points at a commit it wrote: a loose
+        # ref is read as a file (a git process costs more than the rest of a small snapshot);
+        # anything else (packed, symbolic, absent) is left to git.
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            text = (self.path / ref).read_text().strip()
+            if _OBJECT_ID.fullmatch(text):
+                return text
         try:
             out = self._git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"])
         except GitError:
@@ -324,6 +364,12 @@ class SnapshotStore:
         return out.decode().strip() or None
 
     def _refs(self, prefix: str) -> list[str]:
+        if not (self.path / "packed-refs").exists():
+            # Every ref is loose (gc and pack-refs never run on a store): list the files.
+            with contextlib.suppress(FileNotFoundError):
+                folder = self.path / prefix
+                return [prefix + name for name in os.listdir(folder) if (folder / name).is_file()]
+            return []
         return self._git(["for-each-ref", "--format=%(refname)", prefix]).decode().split()
 
     @contextlib.contextmanager
@@ -358,6 +404,28 @@ class SnapshotStore:
                 entries[path] = Entry(item.mode, item.oid, size, large=large)
         return entries
 
+    def _tree_of(
+        self, commit: str, tip: str | None, tip_entries: Mapping[str, Entry]
+    ) -> dict[str, tuple[str, str]]:
+        """``commit``'s tree, path -> (mode, blob id): the tip's manifest (its exact tree)
+        changed by ``git diff-tree`` from the tip, which reads only the subtrees that differ
+        (listing every blob with ``ls-tree -r -l`` costs a size lookup per file)."""
+        if tip is None:
+            return {p: (e.mode, e.oid) for p, e in ls_tree(
+                self.path, commit, self._home(), self.limits.timeout_s
+            ).items()}  # fmt: skip
+        tree = {path: (entry[0], entry[1]) for path, entry in tip_entries.items()}
+        args = ["diff-tree", "-r", "-z", "--no-renames", "--no-textconv", tip, commit]
+        fields = self._git(args).split(b"\0")
+        for meta, raw_path in zip(fields[0:-1:2], fields[1::2], strict=True):
+            _, new_mode, _, new_oid, status = meta.split(b" ")
+            path = raw_path.decode("utf-8", "surrogateescape")
+            if status == b"D" or new_mode == b"160000":  # gitlinks are not restored
+                tree.pop(path, None)
+            else:
+                tree[path] = (new_mode.decode(), new_oid.decode())
+        return tree
+
     def _save_manifest(
         self, commit: str, entries: Mapping[str, Entry], previous: Mapping[str, Entry]
     ) -> None:
@@ -377,7 +445,13 @@ class SnapshotStore:
         temporary.write_text(commit)
         temporary.replace(pointer)
 
-    def _scan(self, workspace: Path, previous: Mapping[str, Entry], sink: FastImport) -> ScanResult:
+    def _scan(
+        self,
+        workspace: Path,
+        previous: Mapping[str, Entry],
+        sink: FastImport,
+        fresh: Mapping[str, Entry] | None = None,
+    ) -> ScanResult:
         limits = self.limits
         bounds = ScanBounds(
             limits.max_file_bytes,
@@ -385,7 +459,7 @@ class SnapshotStore:
             limits.max_files,
             time.monotonic() + limits.timeout_s,
         )
-        return Scanner(previous, bounds, self.rules, sink.blob).scan(workspace)
+        return Scanner(previous, bounds, self.rules, sink.blob, fresh or {}).scan(workspace)
 
     def _commit(
         self,
@@ -407,7 +481,7 @@ class SnapshotStore:
         self,
         workspace: Path,
         scan: ScanResult,
-        target: Mapping[str, TreeEntry],
+        target: Mapping[str, tuple[str, str]],
         uid: int,
         gid: int,
     ) -> tuple[dict[str, Entry], list[str]]:
@@ -415,22 +489,30 @@ class SnapshotStore:
         files that could not be restored)."""
         have = scan.entries
         result: dict[str, Entry] = {}
-        kept: list[str] = []
-        wanted: dict[str, TreeEntry] = {}
+        kept: set[str] = set()
+        wanted: dict[str, tuple[str, str]] = {}
+        fetched: dict[str, bytes] = {}
+        budget = PREFETCH_BYTES
         home = self._home()
         with BlobReader(self.path, home) as blobs, SafeWriter(workspace, uid, gid) as writer:
             for path, item in target.items():
-                if self.rules.ignored_path(path):
-                    continue
                 old = have.get(path)
-                if old is not None and (old.mode, old.blob) == (item.mode, item.oid):
+                if old is not None and old[0] == item[0] and old[1] == item[1]:
                     result[path] = old
                     continue
-                if _is_placeholder(item, blobs):
-                    kept.append(path)  # the content was never kept: leave what is there
-                    if old is not None:
-                        result[path] = old
+                if self.rules.ignored_path(path):
                     continue
+                if item[0] != MODE_LINK:
+                    # Whether it is a large file's placeholder (its content never kept).
+                    data = blobs.read(item[1])
+                    if len(data) < 200 and parse_placeholder(data) is not None:
+                        kept.add(path)  # leave what is there
+                        if old is not None:
+                            result[path] = old
+                        continue
+                    if len(data) <= budget:
+                        fetched[item[1]] = data
+                        budget -= len(data)
                 wanted[path] = item
             for path in scan.skipped:
                 writer.remove(path)
@@ -443,17 +525,16 @@ class SnapshotStore:
                 if directory not in target_dirs:
                     writer.remove_empty_dir(directory)
             for path in sorted(wanted):
-                item = wanted[path]
-                data = blobs.read(item.oid)
+                mode, oid = wanted[path]
+                link = mode == MODE_LINK
+                data = fetched[oid] if not link and oid in fetched else blobs.read(oid)
                 writer.remove(path)  # whatever appeared there since the scan
-                if item.mode == MODE_LINK:
+                if link:
                     st = writer.symlink(path, data.decode("utf-8", "surrogateescape"))
                 else:
-                    st = writer.write_file(path, (data,), item.mode == MODE_EXEC)
+                    st = writer.write_file(path, (data,), mode == MODE_EXEC)
                 # Untrusted: written just now, a change in the same tick would look the same.
-                result[path] = Entry(
-                    item.mode, item.oid, len(data), st.st_mtime_ns, st.st_ctime_ns, st.st_ino
-                )
+                result[path] = Entry(mode, oid, len(data), *stamp(st))
         return result, sorted(kept)
 
     def _summary(
@@ -508,12 +589,6 @@ class _Changes:
 
     def any(self) -> bool:
         return bool(self.added or self.modified or self.deleted)
-
-
-def _is_placeholder(item: TreeEntry, blobs: BlobReader) -> bool:
-    if item.size >= 200 or item.mode == MODE_LINK:
-        return False
-    return parse_placeholder(blobs.read(item.oid)) is not None
 
 
 def _ancestors(directory: str) -> list[str]:

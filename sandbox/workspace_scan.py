@@ -157,9 +157,16 @@ class Scanner:
         bounds: ScanBounds,
         rules: IgnoreRules,
         sink: BlobSink,
+        fresh: Mapping[str, Entry] = {},
     ) -> None:
-        self.previous = previous
-        self.known_blobs = {e.blob for e in previous.values()}
+        """``fresh``: entries the worker itself wrote moments ago with nothing else writing
+        (a seed), their blobs already in the store; a file whose stat still matches is taken
+        as is, inside the racy window too, and kept trusted only if outside it."""
+        self.fresh = fresh
+        self.cache: Mapping[str, Entry] = previous
+        if fresh:
+            self.cache = {**previous, **{p: e._replace(trusted=True) for p, e in fresh.items()}}
+        self.known_blobs = {e.blob for e in self.cache.values()}
         self.bounds = bounds
         self.rules = rules
         self.sink = sink
@@ -176,42 +183,74 @@ class Scanner:
             self.result.note = str(stop)
         finally:
             os.close(fd)
+        entries = self.result.entries
+        for path, entry in self.fresh.items():
+            if entries.get(path) is self.cache[path]:
+                entries[path] = entry._replace(
+                    trusted=max(entry.mtime_ns, entry.ctime_ns) + RACY_NS < self.started_ns
+                )
         return self.result
 
     def _walk(self, fd: int, prefix: str) -> None:
+        # The hot loop of every snapshot, once per file: the unchanged regular file is handled
+        # inline with lookups hoisted (a method call per file costs as much as its lstat).
         with os.scandir(fd) as it:
-            children = sorted(it, key=lambda e: e.name)
+            children = sorted(it, key=_name)
+        result = self.result
+        entries = result.entries
+        cached = self.cache.get
+        ignored = self.rules.ignored
+        bounds = self.bounds
         for child in children:
             name = child.name
             path = prefix + name
-            if self.rules.ignored(path, name):
+            if ignored(path, name):
                 continue
-            count = len(self.result.entries)
-            if count >= self.bounds.max_files:
-                raise _Stop(f"stopped at max_files={self.bounds.max_files}")
-            if count % 256 == 0 and time.monotonic() > self.bounds.deadline:
+            count = len(entries)
+            if count >= bounds.max_files:
+                raise _Stop(f"stopped at max_files={bounds.max_files}")
+            if count & 255 == 0 and time.monotonic() > bounds.deadline:
                 raise _Stop("stopped at the snapshot time limit")
             try:
                 st = child.stat(follow_symlinks=False)
             except OSError:
                 continue  # gone since it was listed
-            if stat.S_ISDIR(st.st_mode):
+            kind = stat.S_IFMT(st.st_mode)
+            if kind == stat.S_IFREG:
+                old = cached(path)
+                if (
+                    old is not None
+                    and old[7]  # trusted
+                    and old[2] == st.st_size
+                    and old[3] == st.st_mtime_ns
+                    and old[4] == st.st_ctime_ns
+                    and old[5] == st.st_ino
+                    and old[0] == (MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE)
+                ):
+                    recorded = _placeholder_size(old[2]) if old[6] else old[2]
+                    if self.total + recorded > bounds.max_total_bytes:
+                        raise _Stop(f"stopped at max_total_bytes={bounds.max_total_bytes}")
+                    self.total += recorded
+                    entries[path] = old
+                    if old[6]:
+                        result.large.append(path)
+                else:
+                    self._file(fd, name, path, st)
+            elif kind == stat.S_IFDIR:
                 try:
                     sub = os.open(name, DIR_FLAGS, dir_fd=fd)
                 except OSError:
-                    self.result.skipped.append(path)  # swapped for a link, or gone
+                    result.skipped.append(path)  # swapped for a link, or gone
                     continue
                 try:
-                    self.result.dirs.append(path)
+                    result.dirs.append(path)
                     self._walk(sub, path + "/")
                 finally:
                     os.close(sub)
-            elif stat.S_ISLNK(st.st_mode):
+            elif kind == stat.S_IFLNK:
                 self._link(fd, name, path, st)
-            elif stat.S_ISREG(st.st_mode):
-                self._file(fd, name, path, st)
             else:
-                self.result.skipped.append(path)
+                result.skipped.append(path)
 
     def _trusted(self, st: os.stat_result) -> bool:
         return max(st.st_mtime_ns, st.st_ctime_ns) + RACY_NS < self.started_ns
@@ -225,7 +264,7 @@ class Scanner:
             self.result.large.append(path)
 
     def _link(self, fd: int, name: str, path: str, st: os.stat_result) -> None:
-        old = self.previous.get(path)
+        old = self.cache.get(path)
         if old is not None and old.mode == MODE_LINK and old.same_stat(st):
             self._record(path, old, old.size)
             return
@@ -237,11 +276,6 @@ class Scanner:
         self._store(path, MODE_LINK, target, st, large=False)
 
     def _file(self, fd: int, name: str, path: str, st: os.stat_result) -> None:
-        mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
-        old = self.previous.get(path)
-        if old is not None and old.mode == mode and old.same_stat(st):
-            self._record(path, old, len(placeholder("0" * 64, old.size)) if old.large else old.size)
-            return
         try:
             file_fd = os.open(name, READ_FLAGS, dir_fd=fd)
         except OSError:
@@ -263,7 +297,7 @@ class Scanner:
             digest, size, git_id = self._hash_large(file_fd, st.st_size)
             if git_id in self.known_blobs:
                 # The store already holds these bytes (a seeded file): record the real blob.
-                entry = Entry(mode, git_id, size, *_stamp(st), False, self._trusted(st))
+                entry = Entry(mode, git_id, size, *stamp(st), False, self._trusted(st))
                 self._record(path, entry, size)
             else:
                 self._store(path, mode, placeholder(digest, size), st, large=True)
@@ -287,7 +321,7 @@ class Scanner:
     def _store(self, path: str, mode: str, data: bytes, st: os.stat_result, large: bool) -> None:
         blob = blob_id(data)
         size = st.st_size if large else len(data)
-        entry = Entry(mode, blob, size, *_stamp(st), large, self._trusted(st))
+        entry = Entry(mode, blob, size, *stamp(st), large, self._trusted(st))
         self._record(path, entry, len(data))
         self.result.files_read += 1
         if blob not in self.known_blobs:
@@ -295,7 +329,15 @@ class Scanner:
             self.sink(blob, data)
 
 
-def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+def _placeholder_size(size: int) -> int:
+    return len(placeholder("0" * 64, size))
+
+
+def _name(entry: os.DirEntry[str]) -> str:
+    return entry.name
+
+
+def stamp(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 

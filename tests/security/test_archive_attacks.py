@@ -224,8 +224,8 @@ def test_archive_above_max_bytes_is_refused(ws: Path, tmp_path: Path) -> None:
 
 
 def test_refusal_while_writing_removes_what_was_written(ws: Path, tmp_path: Path) -> None:
-    # Validation passes (sizes are counted again while writing); the workspace already has
-    # a directory where a file goes, so the write fails half-way: everything is undone.
+    # Every member passes the rules; the workspace already has a directory where a file
+    # goes, so the write fails half-way: what was written is undone, what was there is kept.
     (ws / "clash").mkdir()
     (ws / "clash" / "keep.txt").write_text("mine")
     archive = make_tar(tmp_path / "a", [("file", "first.txt", b"1"), ("file", "clash", b"2")])

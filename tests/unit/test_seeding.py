@@ -12,6 +12,7 @@ import pytest
 
 from sandbox.seeding import (
     ArchiveLimits,
+    ArchiveRefused,
     SeedError,
     check_repo_url,
     git_auth_env,
@@ -210,3 +211,35 @@ def test_seed_from_zip(root: Path, ws: Path, tmp_path: Path) -> None:
 def test_baseline_of_an_empty_workspace(root: Path, ws: Path) -> None:
     summary = take_baseline(store_for(root), ws)
     assert summary.turn == 0 and summary.added == ()
+
+
+def test_archive_seed_records_files_without_reading_them_and_still_sees_forged_edits(
+    root: Path, ws: Path, tmp_path: Path
+) -> None:
+    archive = tmp_path / "a.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in (("a.txt", b"aaaa"), ("big.bin", b"z" * 3000), ("d/b.txt", b"b\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    store = store_for(root, max_file_bytes=1000)
+    seeded = seed_from_archive(store, ws, archive, ArchiveLimits(), UID, GID)
+    assert seeded.added == ("a.txt", "big.bin", "d/b.txt") and seeded.large == ("big.bin",)
+    assert git(store.path, "show", "refs/turns/0:d/b.txt") == "b"
+    before = (ws / "a.txt").stat()
+    (ws / "a.txt").write_text("bbbb")
+    os.utime(ws / "a.txt", ns=(before.st_atime_ns, before.st_mtime_ns))  # ctime still moves
+    assert store.take(ws, 1, "sneaky").modified == ("a.txt",)
+
+
+def test_refused_archive_seed_leaves_no_store(root: Path, ws: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "a.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in ("ok.txt", "../escape.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    store = store_for(root)
+    with pytest.raises(ArchiveRefused, match=r"'\.\.' component"):
+        seed_from_archive(store, ws, archive, ArchiveLimits(), UID, GID)
+    assert not store.exists() and sorted(os.listdir(ws)) == [".home"]

@@ -268,3 +268,15 @@ def test_remove_deletes_the_store(root: Path, ws: Path) -> None:
     assert store.exists()
     store.remove()
     assert not store.exists() and store.turns() == []
+
+
+def test_export_keeps_long_and_non_ascii_names_and_link_targets(root: Path, ws: Path) -> None:
+    long_name = "d" * 120 + "/" + "f" * 110 + ".txt"
+    write_tree(ws, {long_name: "long\n", "caf\u00e9.txt": "caf\n"})
+    os.symlink("t" * 150, ws / "far-link")
+    store = store_for(root)
+    store.take(ws, 0, "baseline")
+    members = tar_members(store, 0)
+    assert members[long_name].isfile() and members["d" * 120].isdir()
+    assert members["far-link"].linkname == "t" * 150
+    assert tar_text(store, 0, "caf\u00e9.txt") == "caf\n"
