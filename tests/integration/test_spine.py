@@ -50,6 +50,7 @@ def test_turn_flows_from_producer_to_stream(shared_env: Env, shared_worker: Work
         "sandbox-activity",
         "assistant-text",
         "usage",
+        "workspace",
         "turn-complete",
     ]
     record = client.status(run_id)
