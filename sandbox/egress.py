@@ -557,6 +557,11 @@ class Gateway:
             "mem_limit": self.config.memory,
             "pids_limit": 256,
             "restart_policy": {"Name": "unless-stopped"},
+            # Its log is where denials are read back from: bounded, whatever the daemon's
+            # default (json-file keeps everything otherwise).
+            "log_config": docker.types.LogConfig(
+                type="json-file", config={"max-size": "20m", "max-file": "3"}
+            ),
         }
 
     def _wait_healthy(self, container: Any, timeout: float = 20.0) -> None:
