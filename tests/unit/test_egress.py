@@ -150,3 +150,21 @@ def test_runs_get_the_proxy_variables_and_keep_loopback_local() -> None:
     env = proxy_environment(EgressConfig(subnet="172.30.250.0/24", port=3128))
     assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://172.30.250.1:3128"
     assert "127.0.0.1" in env["NO_PROXY"] and "*" not in env["NO_PROXY"]
+
+
+def test_status_shows_the_network_and_the_allowlist() -> None:
+    from worker.records import RunRecord
+    from worker.render import record_rows
+
+    record = RunRecord(
+        run_id="r" + "0" * 24,
+        status="idle",
+        network="egress",
+        egress_allow=["api.anthropic.com:443", "llm.test:8443"],
+    )
+    assert RunRecord.decode(record.encode()).egress_allow == record.egress_allow
+    rows = dict(record_rows(record.as_dict(), now=0.0))
+    assert rows["network"] == "egress"
+    assert rows["egress_allow"] == "api.anthropic.com:443\nllm.test:8443"
+    keys = [key for key, _ in record_rows(record.as_dict(), now=0.0)]
+    assert keys.index("sandbox") < keys.index("network") < keys.index("egress_allow")
