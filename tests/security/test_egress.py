@@ -244,6 +244,9 @@ def untouched(lab: Lab) -> Iterator[None]:
     assert len(lab.udp_seen) == seen
 
 
+NO_PROXY = {"NO_PROXY": "*", "no_proxy": "*"}
+
+
 def _proxy_get(url: str, timeout: float = 10) -> str:
     return f"result = urllib.request.urlopen({url!r}, timeout={timeout}).read()"
 
@@ -372,13 +375,14 @@ def test_connect_relays_do_not_reach_a_host_that_is_not_allowed(lab: Lab, untouc
 
 def test_the_gateways_admin_interface_is_refused(lab: Lab) -> None:
     since = time.time()
-    for url in (
-        "http://172.30.190.1:3128/squid-internal-mgr/menu",
-        "http://172.30.190.2:3128/squid-internal-mgr/info",
-    ):
-        outcome = lab.attack(_proxy_get(url))
-        _refused_fast(outcome, "HTTPError")
-        assert "403" in outcome["detail"], outcome
+    outcome = lab.attack(_proxy_get("http://172.30.190.1:3128/squid-internal-mgr/menu"))
+    _refused_fast(outcome, "HTTPError")
+    assert "403" in outcome["detail"], outcome
+    # The gateway's own address: squid does not listen there, the connection is reset.
+    direct = lab.attack(
+        _proxy_get("http://172.30.190.2:3128/squid-internal-mgr/info"), env=NO_PROXY
+    )
+    _refused_fast(direct, "URLError", "ConnectionRefusedError")
     raw = lab.attack(
         "s = socket.create_connection(('172.30.190.1', 3128), timeout=5)\n"
         "s.sendall(b'GET cache_object://localhost/info HTTP/1.0\\r\\n\\r\\n')\n"
@@ -442,6 +446,29 @@ def test_host_services_are_out_of_reach(lab: Lab, untouched: None, what: str, po
             )
             assert outcome["ok"] and " 403 " in outcome["result"], (request, outcome)
             assert outcome["seconds"] < FAST_S
+
+
+def test_the_gateway_is_no_proxy_for_its_outside_network(lab: Lab, untouched: None) -> None:
+    """A container on the gateway's outside network (runs on ``bridge``) finds no proxy on
+    the gateway's address there."""
+    client = docker.from_env()
+    gateway = client.containers.get(lab.config.container_name)
+    outside = gateway.attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
+    port = lab.forbidden.server_address[1]
+    probe = (
+        "import socket\n"
+        "try:\n"
+        f"    s = socket.create_connection(({outside!r}, 3128), timeout=5)\n"
+        f"    s.sendall(b'CONNECT forbidden.test:{port} HTTP/1.1\\r\\n\\r\\n')\n"
+        "    print('answered', s.recv(100))\n"
+        "except OSError as e:\n"
+        "    print('refused', e)\n"
+    )
+    out = client.containers.run(
+        lab.container.image.id, ["python3", "-c", probe], network="bridge", remove=True,
+        user="1000:1000", cap_drop=["ALL"],
+    )  # fmt: skip
+    assert out.decode().startswith("refused"), out
 
 
 def test_the_docker_socket_is_not_in_the_container(lab: Lab) -> None:
