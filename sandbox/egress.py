@@ -678,7 +678,13 @@ class Gateway:
         if container.status != "running":
             return "stopped"
         state = container.attrs.get("State", {}).get("Health", {}) or {}
-        return str(state.get("Status") or "running")
+        status = str(state.get("Status") or "running")
+        if status == "starting":
+            # Docker's first check comes after its start period: ask the gateway now.
+            with self._seam("check the egress gateway"):
+                code, _ = container.exec_run(["/usr/local/bin/harness-gateway", "check"])
+            status = "healthy" if code == 0 else status
+        return status
 
     def reap(self) -> str | None:
         """Replace a gateway that is unhealthy or stopped (Docker restarts one that crashed;
