@@ -444,35 +444,47 @@ class Gateway:
     def _ensure_network(self) -> None:
         client = self._client()
         name = self.config.network_name
-        try:
-            client.networks.get(name)
-            return
-        except docker.errors.NotFound:
-            pass
         pool = docker.types.IPAMPool(subnet=self.config.subnet, gateway=self.config.router_ip)
-        try:
-            client.networks.create(
-                name,
-                driver="bridge",
-                # Not ``internal``: with bridge-nf-call-iptables (Docker's default), an
-                # internal network's isolation rules drop the runs' packets to the gateway
-                # too (silently: a connection would hang instead of being refused). The host
-                # has no address on this bridge and neither NAT nor a route to it, so a run
-                # without raw sockets can only send through the gateway (its default route).
-                internal=False,
-                ipam=docker.types.IPAMConfig(pool_configs=[pool]),
-                options={
-                    # No host address on the bridge: a run cannot reach the host's own ports.
-                    "com.docker.network.bridge.inhibit_ipv4": "true",
-                    "com.docker.network.bridge.enable_icc": "true",
-                    "com.docker.network.bridge.enable_ip_masquerade": "false",
-                },
-                labels={LABEL_GATEWAY: self.config.scope},
-                check_duplicate=True,
-            )
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:
-                raise
+        failure: docker.errors.APIError | None = None
+        for _ in range(20):
+            try:
+                client.networks.get(name)
+                return
+            except docker.errors.NotFound:
+                pass
+            try:
+                client.networks.create(
+                    name,
+                    driver="bridge",
+                    # Not ``internal``: with bridge-nf-call-iptables (Docker's default), an
+                    # internal network's isolation rules drop the runs' packets to the
+                    # gateway too (silently: a connection would hang instead of being
+                    # refused). The host has no address on this bridge and neither NAT nor a
+                    # route to it, so a run without raw sockets can only send through the
+                    # gateway (its default route).
+                    internal=False,
+                    ipam=docker.types.IPAMConfig(pool_configs=[pool]),
+                    options={
+                        # No host address on the bridge: a run cannot reach the host's ports.
+                        "com.docker.network.bridge.inhibit_ipv4": "true",
+                        "com.docker.network.bridge.enable_icc": "true",
+                        "com.docker.network.bridge.enable_ip_masquerade": "false",
+                    },
+                    labels={LABEL_GATEWAY: self.config.scope},
+                    check_duplicate=True,
+                )
+                return
+            except docker.errors.APIError as exc:
+                # Another worker is creating it (Docker says 403 or 409 until it exists), or
+                # the subnet is taken by another network (HARNESS_EGRESS_SUBNET).
+                failure = exc
+                time.sleep(0.25)
+        assert failure is not None
+        raise SandboxError(
+            f"cannot create the egress network {name} ({self.config.subnet}): "
+            f"{failure.explanation or failure}",
+            hint="give each deployment on this Docker host its own HARNESS_EGRESS_SUBNET",
+        )
 
     def _ensure_container(self) -> None:
         client = self._client()
@@ -483,14 +495,18 @@ class Gateway:
         except docker.errors.NotFound:
             existing = None
         if existing is not None:
-            labels = existing.labels or {}
-            if labels.get(LABEL_CONFIG) == fingerprint and existing.status == "running":
+            same = (existing.labels or {}).get(LABEL_CONFIG) == fingerprint
+            if same and existing.status == "running":
                 return
-            if labels.get(LABEL_CONFIG) == fingerprint and existing.status in ("created", "exited"):
-                existing.remove(force=True)
-            else:
-                log.info("egress.gateway_recreated", extra={"container": existing.id})
-                existing.remove(force=True)
+            if same and existing.status == "created":
+                # Another worker made it and is about to start it: wait, as that worker does.
+                self._wait_healthy(existing, timeout=30.0)
+                return
+            log.info(
+                "egress.gateway_recreated",
+                extra={"container": existing.id, "status": existing.status, "same": same},
+            )
+            existing.remove(force=True)
         try:
             client.images.get(self.config.image)
         except docker.errors.ImageNotFound:
@@ -533,7 +549,9 @@ class Gateway:
         except docker.errors.APIError as exc:
             if exc.status_code != 409:
                 raise
-            return  # another worker made it: ensure() rechecks it on the next call
+            # Another worker is making it: wait until it serves, as that worker does.
+            self._wait_healthy(client.containers.get(name), timeout=30.0)
+            return
         container = client.containers.get(created["Id"])
         client.networks.get(self.config.outside_network).connect(container)
         container.start()
@@ -574,7 +592,7 @@ class Gateway:
                 code, _ = container.exec_run(["/usr/local/bin/harness-gateway", "check"])
                 if code == 0:
                     return
-            if container.status != "running":
+            elif container.status != "created":  # (created: its maker has yet to start it)
                 break
             time.sleep(0.2)
         tail = container.logs(tail=20).decode("utf-8", "replace")
