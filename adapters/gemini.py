@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import acp, coerce
+from adapters.asks import Ask, Decision
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -33,13 +34,16 @@ CAPABILITIES = Capabilities(
     model_selection=True,
     model_reporting=True,
     mcp_client=False,
+    permission_ask=True,
 )
 
 # Messages we map: init (session_id; its model is the one requested), message (assistant
 # deltas), tool_use (tool_name, parameters), tool_result (ends a narration segment), error
 # (non-fatal warnings), result (status, error, stats with token counts and `models` keyed
 # by the model that answered). Every line also carries a timestamp, which we ignore.
-_APPROVAL = {"strict": "default", "auto": "auto_edit", "dangerous": "yolo"}
+# ask: the ACP channel (``gemini --acp``, :mod:`adapters.acp`); in the default mode every
+# call the policy does not settle comes to us as ``session/request_permission``.
+_APPROVAL = {"strict": "default", "auto": "auto_edit", "dangerous": "yolo", "ask": "default"}
 _FILE_TOOLS = {"write_file", "replace", "edit"}
 _PATTERN = re.compile(r"^\s*([\w.*-]+)\s*(?:\((.*)\))?\s*$", re.S)
 # Exit 42 (FatalInputError) with this on stderr when the offered session does not exist:
@@ -71,10 +75,13 @@ class State(AdapterState):
     offered_session: str | None
     answer: list[str] = field(default_factory=list)
     last_error: str | None = None
+    channel: acp.Client | None = None
+    """The ACP conversation of a ``--posture ask`` turn."""
 
 
 def new_state(request: TurnRequest) -> State:
-    return State(offered_session=request.resume_session)
+    channel = acp.client(request) if request.posture == "ask" else None
+    return State(offered_session=request.resume_session, channel=channel)
 
 
 def _rule(pattern: str, decision: str, priority: int) -> str:
@@ -104,10 +111,13 @@ def build_command(request: TurnRequest) -> Command:
     rides in argv. Model and session are flags; auth, base URL, trust and the system prompt
     are files and environment."""
     home = request.home.rstrip("/")
-    argv = [request.executable or "gemini", "--output-format", "stream-json"]
+    ask = request.posture == "ask"
+    # ask: ACP on stdin/stdout; the input rides in session/prompt, a resume is session/load.
+    mode = ["--acp"] if ask else ["--output-format", "stream-json"]
+    argv = [request.executable or "gemini", *mode]
     if request.model:
         argv += ["--model", request.model]
-    if request.resume_session:
+    if request.resume_session and not ask:
         argv += ["--resume", request.resume_session]
     argv += ["--approval-mode", _APPROVAL[request.posture]]
     files = {f"{home}/.gemini/settings.json": _SETTINGS}
@@ -120,6 +130,9 @@ def build_command(request: TurnRequest) -> Command:
         env["GEMINI_SYSTEM_MD"] = f"{home}/.harness/gemini-system.md"
     if request.base_url:
         env["GOOGLE_GEMINI_BASE_URL"] = request.base_url
+    if ask:
+        first = acp.first_message()
+        return Command(tuple(argv), first, env, files, cwd=request.workspace, keep_stdin=True)
     argv += ["--prompt", ""]
     return Command(
         argv=tuple(argv),
@@ -188,6 +201,8 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    if state.channel is not None:
+        return acp.map_message(message, state, state.channel)
     kind = message.get("type")
     if kind == "init":
         state.session_id = coerce.nonempty(message.get("session_id")) or state.session_id
@@ -210,6 +225,10 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     if kind == "result":
         return _result(message, state)
     return []
+
+
+def answer(state: State, ask: Ask, decision: Decision) -> None:
+    acp.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:
@@ -247,4 +266,10 @@ def finish(state: State, exit: ExitInfo) -> list[Event]:
 
 
 def policy_warning(request: TurnRequest) -> str | None:
+    if request.posture == "ask":
+        return (
+            "gemini --acp (0.61.0) may not find a session it saved over ACP when a later turn "
+            "loads it: that turn then starts a fresh session with the run's prior "
+            "conversation replayed"
+        )
     return None

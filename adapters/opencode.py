@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import acp, coerce
+from adapters.asks import Ask, Decision
 from adapters.errors import classify
 from adapters.events import (
     ActivityKind,
@@ -35,6 +36,7 @@ CAPABILITIES = Capabilities(
     model_selection=True,
     model_reporting=False,  # 1.18.33 names no model in its stream
     mcp_client=False,
+    permission_ask=True,
 )
 
 #: The provider id our config gives the endpoint of ``request.base_url``.
@@ -59,6 +61,8 @@ _POSTURES: dict[str, dict[str, str]] = {
     "strict": {"edit": "deny", **dict.fromkeys(_GATED, "deny")},
     "auto": {"edit": "allow", **dict.fromkeys(_GATED, "deny")},
     "dangerous": {"*": "allow"},
+    # ask: `opencode acp` (adapters.acp) hands every "ask" to us as session/request_permission.
+    "ask": {"edit": "ask", **dict.fromkeys(_GATED, "ask")},
 }
 _PATTERN = re.compile(r"^\s*([A-Za-z_][\w-]*)\s*(?:\((.*)\))?\s*$", re.S)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -74,11 +78,16 @@ class State(AdapterState):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
+    channel: acp.Client | None = None
+    """The ACP conversation of a ``--posture ask`` turn."""
 
 
 def new_state(request: TurnRequest) -> State:
     # A model we describe ourselves (base_url) has no price: opencode reports 0 for it.
-    return State(offered_session=request.resume_session, priced=request.base_url is None)
+    channel = acp.client(request) if request.posture == "ask" else None
+    return State(
+        offered_session=request.resume_session, priced=request.base_url is None, channel=channel
+    )
 
 
 def _translate(pattern: str) -> tuple[str, str | None] | None:
@@ -155,6 +164,15 @@ def build_command(request: TurnRequest) -> Command:
         argv += ["-m", request.model]
     if request.resume_session:
         argv += ["--session", request.resume_session]
+    if request.posture == "ask":
+        # ACP on stdin/stdout: the model is chosen in the config (`acp` has no -m), the input
+        # rides in session/prompt, a resume is session/load.
+        if "-m" in argv:
+            config["model"] = argv[argv.index("-m") + 1]
+        files[f"{config_dir}/opencode.json"] = json.dumps(config, indent=2)
+        argv = [request.executable or "opencode", "acp"]
+        first = acp.first_message()
+        return Command(tuple(argv), first, env, files, request.workspace, keep_stdin=True)
     files[f"{config_dir}/opencode.json"] = json.dumps(config, indent=2)
     return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
 
@@ -224,6 +242,8 @@ def _usage(part: dict[str, Any], state: State) -> Usage:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    if state.channel is not None:
+        return acp.map_message(message, state, state.channel)
     events: list[Event] = []
     session_id = message.get("sessionID")  # on every line
     if state.session_id is None and isinstance(session_id, str) and session_id:
@@ -252,6 +272,10 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     elif kind == "error":  # printed once opencode has given up; it then exits 1
         events.append(_error(message))
     return events
+
+
+def answer(state: State, ask: Ask, decision: Decision) -> None:
+    acp.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:

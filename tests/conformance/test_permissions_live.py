@@ -40,6 +40,13 @@ from worker.publisher import Masker
 
 ASKING = [h for h in adapters.HARNESS_IDS if adapters.get(h).CAPABILITIES.permission_ask]
 LIVE = [h for h in ASKING if h != "stdio-json"]
+#: The model each CLI is asked for (opencode and pi need one to use a base URL).
+MODELS = {
+    "codex": "gpt-5.5",
+    "gemini": "gemini-2.5-flash",
+    "opencode": "fake-model",
+    "pi": "fake-model",
+}
 
 
 @dataclasses.dataclass
@@ -47,6 +54,8 @@ class AskedTurn:
     events: list[Event]
     workspace: Path
     answered: list[dict[str, Any]]
+    placement: Placement | None = None
+    state: Any = None
 
     def of_type(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.type == kind]
@@ -72,13 +81,18 @@ def run_asked(
         *,
         timeout_s: float = 60.0,
         permission_timeout_s: float = 60.0,
+        placement: Placement | None = None,
+        resume_session: str | None = None,
     ) -> AskedTurn:
         adapter = adapters.get(harness_id)
-        placement = live_placement()
+        placement = placement or live_placement()
         granted = dict(DEFAULT_SECRETS.get(harness_id, {}))
         turn_request = TurnRequest(
             input=text,
             posture="ask",
+            model=MODELS.get(harness_id),
+            turn=2 if resume_session else 1,
+            resume_session=resume_session,
             workspace=placement.workspace,
             home=placement.home,
             base_url=base_url_for(harness_id, fake_model),
@@ -147,7 +161,9 @@ def run_asked(
         finally:
             stop.set()
             thread.join(5)
-        return AskedTurn([*out.events, outcome.terminal], Path(placement.workspace), answered)
+        events = [*out.events, outcome.terminal]
+        workspace = Path(placement.workspace)
+        return AskedTurn(events, workspace, answered, placement, driver.state)
 
     return run
 
