@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import codex_app_server, coerce
+from adapters.asks import Ask, Decision
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -33,6 +34,7 @@ CAPABILITIES = Capabilities(
     model_selection=True,
     model_reporting=False,
     mcp_client=False,
+    permission_ask=True,
 )
 
 # Messages we map: thread.started (thread_id), item.started / item.completed (items
@@ -45,7 +47,14 @@ _STALE = re.compile(r"no rollout found|thread/resume failed", re.I)
 # command then fails with "bwrap: No permissions to create a new namespace". strict keeps it
 # (read-only: fails closed there, enforced by codex where namespaces exist); auto runs
 # unsandboxed and the run's container (read-only root, writable workspace) confines it.
-_SANDBOX = {"strict": "read-only", "auto": "danger-full-access", "dangerous": "danger-full-access"}
+_SANDBOX = {
+    "strict": "read-only",
+    "auto": "danger-full-access",
+    "dangerous": "danger-full-access",
+    # ask: `codex app-server` (adapters.codex_app_server) asks before every command it does
+    # not know to be safe; what is approved runs as in auto.
+    "ask": "danger-full-access",
+}
 _KEY_NAMES = ("OPENAI_API_KEY", "CODEX_API_KEY")
 _TOTALS = ("input_tokens", "cached_input_tokens", "output_tokens")
 
@@ -57,11 +66,19 @@ class State(AdapterState):
     answer: str = ""
     last_error: str | None = None
     seen_items: set[str] = field(default_factory=set)
+    channel: codex_app_server.Channel | None = None
+    """The app-server conversation of a ``--posture ask`` turn."""
 
 
 def new_state(request: TurnRequest) -> State:
+    channel = (
+        codex_app_server.channel(request, _SANDBOX["ask"]) if request.posture == "ask" else None
+    )
     return State(
-        offered_session=request.resume_session, prior=dict(request.carry), carry=dict(request.carry)
+        offered_session=request.resume_session,
+        prior=dict(request.carry),
+        carry=dict(request.carry),
+        channel=channel,
     )
 
 
@@ -100,6 +117,16 @@ def build_command(request: TurnRequest) -> Command:
     """The prompt is ``-``: codex then reads the whole input from stdin (no argv limit, and
     an input starting with ``-`` is not taken for a flag). Everything else goes into
     ``$HOME/.codex/config.toml``, which ``exec`` and ``exec resume`` both read."""
+    home = request.home.rstrip("/")
+    if request.posture == "ask":
+        # JSON-RPC on stdin/stdout: model, thread and input ride in its requests.
+        return Command(
+            argv=(request.executable or "codex", "app-server"),
+            stdin=codex_app_server.first_message(),
+            files={f"{home}/.codex/config.toml": _config(request)},
+            cwd=request.workspace,
+            keep_stdin=True,
+        )
     argv = [request.executable or "codex", "exec"]
     if request.resume_session:
         argv += ["resume", request.resume_session]
@@ -107,7 +134,6 @@ def build_command(request: TurnRequest) -> Command:
     if request.model:
         argv += ["--model", request.model]
     argv.append("-")
-    home = request.home.rstrip("/")
     return Command(
         argv=tuple(argv),
         stdin=request.input.encode("utf-8"),
@@ -174,6 +200,8 @@ def _completed(message: dict[str, Any], state: State) -> list[Event]:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    if state.channel is not None:
+        return codex_app_server.map_message(message, state, state.channel)
     kind = message.get("type")
     if kind == "thread.started":
         thread_id = coerce.nonempty(message.get("thread_id"))
@@ -202,6 +230,10 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     return []
 
 
+def answer(state: State, ask: Ask, decision: Decision) -> None:
+    codex_app_server.answer(state, ask, decision)
+
+
 def finish(state: State, exit: ExitInfo) -> list[Event]:
     tail, code = exit.stderr_tail, exit.exit_code
     last = tail.strip().splitlines()[-1] if tail.strip() else ""
@@ -221,6 +253,12 @@ def finish(state: State, exit: ExitInfo) -> list[Event]:
 
 def policy_warning(request: TurnRequest) -> str | None:
     parts = []
+    if request.posture == "ask":
+        parts.append(
+            "codex runs the commands it was allowed to run outside its own sandbox in the ask "
+            "posture (only the run's container confines them); commands it knows to be "
+            "read-only (ls, cat, ...) run without asking"
+        )
     if request.posture == "auto":
         parts.append(
             "codex runs its commands outside its own sandbox in the auto posture "

@@ -1,6 +1,8 @@
-"""``--posture ask`` over ACP (``gemini --acp``, ``opencode acp``) live: a session continues
-across turns through ``session/load``, and an unknown one is rejected (the worker then retries
-fresh). Approve/deny/deadline are in :mod:`tests.conformance.test_permissions_live`."""
+"""``--posture ask`` live, where the CLI runs another protocol than without it (ACP for
+``gemini --acp`` and ``opencode acp``, JSON-RPC for ``codex app-server``): a session
+continues across turns (``session/load``, ``thread/resume``), and an unknown one is rejected
+(the worker then retries fresh). Approve/deny/deadline are in
+:mod:`tests.conformance.test_permissions_live`."""
 
 from __future__ import annotations
 
@@ -12,15 +14,15 @@ from tests.fakemodel import FakeModelServer
 from tests.fakemodel.clis import STALE_SESSION
 from tests.helpers import assert_one_terminal
 
-ACP = ["gemini", "opencode"]
-LOADS_ITS_OWN = {"opencode"}
+RESUMING = ["gemini", "opencode", "codex"]
+LOADS_ITS_OWN = {"opencode", "codex"}
 
 
 def _never(request: dict[str, object]) -> tuple[bool, bool] | None:
     raise AssertionError(f"a plain answer asked for permission: {request}")
 
 
-@pytest.mark.parametrize("harness_id", ACP)
+@pytest.mark.parametrize("harness_id", RESUMING)
 def test_session_load_continues_the_conversation(
     run_asked: RunAsked,  # noqa: F811
     fake_model: FakeModelServer,
@@ -59,7 +61,7 @@ def test_session_load_continues_the_conversation(
         assert done.reason == "harness-error"
 
 
-@pytest.mark.parametrize("harness_id", ACP)
+@pytest.mark.parametrize("harness_id", RESUMING)
 def test_unknown_session_is_rejected_for_a_fresh_retry(
     run_asked: RunAsked,  # noqa: F811
     harness_id: str,
