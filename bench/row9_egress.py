@@ -126,9 +126,9 @@ def run(bench: Bench) -> RowResult:
         LABEL_HARNESS,
         EgressConfig,
         Endpoint,
-        Gateway,
         render_squid_conf,
     )
+    from sandbox.gateway import Gateway
 
     repeats = {"full": 60, "quick": 30, "smoke": 5}.get(bench.profile, 30)
     parallel = CONCURRENT if bench.profile != "smoke" else 8

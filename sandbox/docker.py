@@ -69,7 +69,8 @@ from sandbox.docker_container import (
 )
 from sandbox.docker_exec import GONE_HINT, DockerProcess, ExecTransport
 from sandbox.docker_stream import RawEndpoint
-from sandbox.egress import Denial, EgressConfig, Gateway
+from sandbox.egress import Denial, EgressConfig
+from sandbox.gateway import Gateway
 from sandbox.placements import KnownPlacements
 from sandbox.snapshots import SnapshotStore
 from sandbox.warm_pool import POOL_PREFIX, ContainerPool

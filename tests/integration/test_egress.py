@@ -1,5 +1,5 @@
 """The egress gateway's lifecycle on a real daemon: workers that start it at the same time get
-one gateway, and it is recreated when its own settings change (sandbox/egress.py)."""
+one gateway, and it is recreated when its own settings change (sandbox/gateway.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import docker
 import pytest
 
-from sandbox.egress import LABEL_CONFIG, EgressConfig, Gateway
+from sandbox.egress import LABEL_CONFIG, EgressConfig
+from sandbox.gateway import Gateway
 from tests.integration.docker_fixtures import ensure_images, require_docker
 
 pytestmark = [pytest.mark.docker]
