@@ -168,3 +168,19 @@ def test_status_shows_the_network_and_the_allowlist() -> None:
     assert rows["egress_allow"] == "api.anthropic.com:443\nllm.test:8443"
     keys = [key for key, _ in record_rows(record.as_dict(), now=0.0)]
     assert keys.index("sandbox") < keys.index("network") < keys.index("egress_allow")
+
+
+def test_denials_are_counted_by_harness_and_rule() -> None:
+    from prometheus_client import REGISTRY
+
+    from worker import metrics
+
+    def count(rule: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "harness_egress_denied_total", {"harness": "pi", "rule": rule}
+        )
+        return value or 0.0
+
+    before = count("direct"), count("not-allowed")
+    metrics.egress_denied("pi", ["direct", "not-allowed", "direct"])
+    assert (count("direct"), count("not-allowed")) == (before[0] + 2, before[1] + 1)
