@@ -294,6 +294,12 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
     parked = parking.park(deps, payload, options, record, terminal, refused_next)
     if parked is not None:
         out.send([parked.event])  # before the terminal: the turn's retry is scheduled
+    spend = guard.changes()
+    if not out.sessions and driver.state.session_id:
+        # A turn stopped before the harness published its session (a budget, a cancel, a
+        # timeout; gemini names it only with its result): the id the harness announced is
+        # still what the next turn resumes.
+        spend["session_id"] = out.publisher.masker.mask(driver.state.session_id)
     label = _close(
         payload,
         out,
@@ -302,7 +308,7 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         run_status="parked" if parked is not None else "idle",
         final_text=final_text,
         carry=driver.state.carry,
-        spend=guard.changes(),
+        spend=spend,
     )
     if parked is not None:
         parking.dispatch(deps, parked)
