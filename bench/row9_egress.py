@@ -128,7 +128,7 @@ def run(bench: Bench) -> RowResult:
         Endpoint,
         render_squid_conf,
     )
-    from sandbox.gateway import Gateway
+    from sandbox.gateway import Gateway, remove_stale
 
     repeats = {"full": 60, "quick": 30, "smoke": 5}.get(bench.profile, 30)
     parallel = CONCURRENT if bench.profile != "smoke" else 8
@@ -153,6 +153,7 @@ def run(bench: Bench) -> RowResult:
         allow={"stdio-json": (Endpoint(NAME, port),)},
     )
     client = docker.from_env()
+    remove_stale(client, SUBNET)  # what a killed run of this row left
     gateway = Gateway(config, lambda: client, lambda *a, **k: nullcontext())
     made: list[Any] = []
 

@@ -376,3 +376,22 @@ class Gateway:
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+
+
+def remove_stale(client: Any, subnet: str) -> list[str]:
+    """Remove egress networks of ours (any scope) that hold ``subnet``, with every container
+    on them: what a killed test or benchmark left behind, before one takes the subnet again.
+    Names of the networks removed."""
+    removed = []
+    for network in client.networks.list(filters={"label": LABEL_GATEWAY}):
+        network.reload()
+        pools = (network.attrs.get("IPAM") or {}).get("Config") or []
+        if not any(pool.get("Subnet") == subnet for pool in pools):
+            continue
+        for container_id in network.attrs.get("Containers") or {}:
+            with contextlib.suppress(docker.errors.NotFound):
+                client.containers.get(container_id).remove(force=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            network.remove()
+        removed.append(str(network.name))
+    return removed

@@ -34,6 +34,7 @@ import docker
 import pytest
 
 from adapters.events import EVENT_TYPES, TERMINAL_TYPES
+from sandbox.gateway import remove_stale
 from tests.conftest import ROOT
 from tests.fakemodel import FakeModelServer, RecordedRequest
 from tests.fakemodel.clis import FAKE_KEY
@@ -400,6 +401,7 @@ def deployment(
         image = trusting_image(clis_image_e2e, test_ca)
         ensure_images(["gateway"])
     subnet = egress_subnet()
+    remove_stale(docker.from_env(), subnet)  # what a killed session left
     env = make_env(
         tmp_path_factory.mktemp("e2e"),
         redis_url,

@@ -1,5 +1,6 @@
 """The egress gateway's lifecycle on a real daemon: workers that start it at the same time get
-one gateway, and it is recreated when its own settings change (sandbox/gateway.py)."""
+one gateway, it is recreated when its own settings change, and what a killed session left is
+cleared (sandbox/gateway.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import docker
 import pytest
 
 from sandbox.egress import LABEL_CONFIG, EgressConfig
-from sandbox.gateway import Gateway
+from sandbox.gateway import Gateway, remove_stale
 from tests.integration.docker_fixtures import ensure_images, require_docker
 
 pytestmark = [pytest.mark.docker]
@@ -28,6 +29,7 @@ def test_workers_starting_the_gateway_at_once_share_one_and_a_settings_change_re
     require_docker()
     ensure_images(["gateway"])
     client = docker.from_env()
+    remove_stale(client, "172.30.193.0/24")
     config = EgressConfig(scope=f"egress-it-{uuid.uuid4().hex[:8]}", subnet="172.30.193.0/24")
     first, second = _gateway(config, client), _gateway(config, client)
     errors: list[BaseException] = []
@@ -54,6 +56,9 @@ def test_workers_starting_the_gateway_at_once_share_one_and_a_settings_change_re
         _gateway(moved, client).ensure()
         after = client.containers.get(config.container_name)
         assert after.id != before and after.labels[LABEL_CONFIG] == moved.fingerprint()
+        # What a killed session leaves is cleared by subnet before the subnet is taken again.
+        assert remove_stale(client, config.subnet) == [config.network_name]
+        assert client.containers.list(all=True, filters={"name": config.container_name}) == []
     finally:
         first.remove()
         client.close()

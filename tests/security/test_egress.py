@@ -32,6 +32,7 @@ from sandbox.base import RunSpec
 from sandbox.docker import DockerSandbox
 from sandbox.docker_container import container_name
 from sandbox.egress import LABEL_BASE_URL, LABEL_HARNESS, EgressConfig, Endpoint
+from sandbox.gateway import remove_stale
 from tests.integration.docker_fixtures import ensure_images
 
 pytestmark = [pytest.mark.docker]
@@ -163,6 +164,7 @@ def _refused_fast(outcome: dict[str, Any], *errors: str) -> None:
 def lab(tmp_path_factory: pytest.TempPathFactory, demo_image: str) -> Iterator[Lab]:
     ensure_images(["gateway"])
     client = docker.from_env()
+    remove_stale(client, SUBNET)  # what a killed run of this module left
     scope = f"egress-sec-{uuid.uuid4().hex[:8]}"
     allowed = _http_server(HOST, b"allowed-server-reply")
     forbidden = _http_server(HOST, b"forbidden-server-reply")
