@@ -193,9 +193,7 @@ def egress_config(settings: Settings) -> EgressConfig:
 def egress_allowlist(settings: Settings, harness: str, base_url: str | None) -> list[str]:
     """What a run of ``harness`` may reach with network ``egress`` (``host:port``), as the
     gateway applies it (``harness status`` shows it)."""
-    return [
-        str(e) for e in egress_config(settings).allowlist(harness, base_url_endpoint(base_url))
-    ]
+    return [str(e) for e in egress_config(settings).allowlist(harness, base_url_endpoint(base_url))]
 
 
 def capability_warnings(options: RunOptions) -> tuple[str, ...]:
