@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import coerce, pi_rpc
+from adapters.asks import Ask, Decision
 from adapters.errors import classify
 from adapters.events import (
     ActivityKind,
@@ -36,6 +37,7 @@ CAPABILITIES = Capabilities(
     # never the one the API says answered: an echo of the request, not a report.
     model_reporting=False,
     mcp_client=False,
+    permission_ask=True,
 )
 
 #: The provider name our models.json gives the endpoint of ``request.base_url``.
@@ -46,6 +48,8 @@ _POSTURES = {
     "strict": ("read", "grep", "find", "ls"),
     "auto": ("read", "grep", "find", "ls", "edit", "write"),
     "dangerous": ("read", "bash", "edit", "write", "grep", "find", "ls"),
+    # ask: all of them, bash, edit and write asked of us first (adapters.pi_rpc).
+    "ask": ("read", "bash", "edit", "write", "grep", "find", "ls"),
 }
 #: Pattern tool names (``Tool`` or ``Tool(spec)``, Claude's or pi's) → pi tool names.
 _TOOLS = {
@@ -69,11 +73,17 @@ class State(AdapterState):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
+    rpc: bool = False
+    """``--posture ask``: ``pi --mode rpc`` with the gate extension (:mod:`adapters.pi_rpc`)."""
 
 
 def new_state(request: TurnRequest) -> State:
     # A model we describe ourselves (base_url) has no price: pi reports 0 for it.
-    return State(offered_session=request.resume_session, priced=request.base_url is None)
+    return State(
+        offered_session=request.resume_session,
+        priced=request.base_url is None,
+        rpc=request.posture == "ask",
+    )
 
 
 def _patterns(patterns: tuple[str, ...]) -> list[tuple[str, bool]]:
@@ -100,7 +110,8 @@ def build_command(request: TurnRequest) -> Command:
     """The input goes on stdin: pi reads a piped stdin to EOF and makes it the prompt (no
     argv size limit; in argv, a prompt starting with ``-`` or ``@`` would be taken for an
     option or a file, and 0.73.1 has no ``--``). pi trims the piped text's outer blanks."""
-    argv = [request.executable or "pi", "-p", "--mode", "json"]
+    ask = request.posture == "ask"
+    argv = [request.executable or "pi", *(("--mode", "rpc") if ask else ("-p", "--mode", "json"))]
     files: dict[str, str] = {}
     if request.base_url:
         if not request.model:
@@ -134,6 +145,15 @@ def build_command(request: TurnRequest) -> Command:
         "PI_OFFLINE": "1",  # no update checks or other start-up network calls
         "PI_CODING_AGENT_DIR": f"{request.home}/.pi/agent",  # models.json, sessions
     }
+    if ask:
+        # The input rides in the RPC prompt command; stdin stays open for the answers.
+        path = f"{request.home.rstrip('/')}/{pi_rpc.EXTENSION_PATH}"
+        files[path] = pi_rpc.EXTENSION
+        argv += ["-e", path]
+        allowed = {tool for tool, scoped in _patterns(request.allow) if not scoped}
+        env["HARNESS_ASK_TOOLS"] = pi_rpc.asked_tools(tools, allowed)
+        stdin = pi_rpc.first_lines(request)
+        return Command(tuple(argv), stdin, env, files, request.workspace, keep_stdin=True)
     return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
 
 
@@ -209,6 +229,10 @@ def _activity(tool: str, args: dict[str, Any], failed: bool) -> SandboxActivity:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    if state.rpc:
+        found = pi_rpc.map_message(message, state)
+        if found is not None:
+            return found
     kind = message.get("type")
     if kind == "session" and state.session_id is None and coerce.text(message.get("id")):
         state.session_id = message["id"]  # the header; the model comes with the first reply
@@ -240,10 +264,17 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
             cost_usd=state.cost_usd,
         )
         return [*_session(state), complete]
+    elif kind == "agent_end" and state.rpc:
+        # RPC mode waits for the next command after a failed reply: the turn ends here.
+        return [*_session(state), _error(state.failure or "the model call failed")]
     elif kind == "auto_retry_end" and message.get("success") is False:
         text = coerce.text(message.get("finalError")) or state.failure or "the model call failed"
         return [*_session(state), _error(text)]
     return []
+
+
+def answer(state: State, ask: Ask, decision: Decision) -> None:
+    pi_rpc.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:

@@ -1,5 +1,6 @@
 """``--posture ask`` live, where the CLI runs another protocol than without it (ACP for
-``gemini --acp`` and ``opencode acp``, JSON-RPC for ``codex app-server``): a session
+``gemini --acp`` and ``opencode acp``, JSON-RPC for ``codex app-server``, RPC mode for
+pi): a session
 continues across turns (``session/load``, ``thread/resume``), and an unknown one is rejected
 (the worker then retries fresh). Approve/deny/deadline are in
 :mod:`tests.conformance.test_permissions_live`."""
@@ -14,8 +15,8 @@ from tests.fakemodel import FakeModelServer
 from tests.fakemodel.clis import STALE_SESSION
 from tests.helpers import assert_one_terminal
 
-RESUMING = ["gemini", "opencode", "codex"]
-LOADS_ITS_OWN = {"opencode", "codex"}
+RESUMING = ["gemini", "opencode", "codex", "pi"]
+LOADS_ITS_OWN = {"opencode", "codex", "pi"}
 
 
 def _never(request: dict[str, object]) -> tuple[bool, bool] | None:

@@ -1,0 +1,124 @@
+"""pi with ``--posture ask``: ``pi --mode rpc`` (0.73.1) and a small extension shipped here.
+
+pi has no permission system of its own. :data:`EXTENSION` (written into the run's HOME and
+loaded with ``-e``) hooks ``tool_call``: for a gated tool (``HARNESS_ASK_TOOLS``: bash, edit
+and write, less those the run allows outright) it calls ``ctx.ui.confirm``, which in RPC
+mode is ``{"type":"extension_ui_request","id":I,"method":"confirm","title":
+"harness-permission","message":<JSON of tool_name, tool_call_id, input>}`` on stdout,
+waiting for ``{"type":"extension_ui_response","id":I,"confirmed":true|false}`` (or
+``"cancelled":true``) on stdin. A denied call is blocked with a fixed reason the model is
+told; without a UI (not RPC mode) every gated call is blocked, so the gate fails closed.
+
+Stdin starts with ``get_state`` (its response names the session: RPC mode prints no
+``session`` header) and the ``prompt`` command; the agent's events are those of
+``--mode json`` and are mapped by :mod:`adapters.pi`. ``agent_end`` ends the turn.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from adapters import coerce
+from adapters.asks import Ask, Decision
+from adapters.errors import error_event
+from adapters.events import Event
+from adapters.protocol import AdapterState, TurnRequest
+
+TITLE = "harness-permission"
+GATED = ("bash", "edit", "write")
+"""The tools asked about; pi's others (read, grep, find, ls) only read."""
+EXTENSION_PATH = ".pi/harness-ask-gate.ts"
+"""Under the run's HOME."""
+
+EXTENSION = """\
+// harness-worker --posture ask: every call of a gated tool is asked of the worker.
+export default function (pi: any) {
+  const gated = new Set((process.env.HARNESS_ASK_TOOLS ?? "").split(",").filter(Boolean));
+  const denied = "The tool call was denied by the operator of this run.";
+  pi.on("tool_call", async (event: any, ctx: any) => {
+    if (!gated.has(event.toolName)) return undefined;
+    if (!ctx.hasUI) return { block: true, reason: "No approval channel: " + denied };
+    const request = {
+      tool_name: event.toolName,
+      tool_call_id: event.toolCallId,
+      input: event.input,
+    };
+    const ok = await ctx.ui.confirm("harness-permission", JSON.stringify(request));
+    return ok ? undefined : { block: true, reason: denied };
+  });
+}
+"""
+_DIALOGS = frozenset({"confirm", "select", "input", "editor"})
+"""extension_ui_request methods that wait for an answer (the others only notify)."""
+
+
+def _line(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def first_lines(request: TurnRequest) -> bytes:
+    return _line({"id": "harness-state", "type": "get_state"}) + _line(
+        {"id": "harness-prompt", "type": "prompt", "message": request.input}
+    )
+
+
+def asked_tools(tools: list[str], allowed: set[str]) -> str:
+    """``HARNESS_ASK_TOOLS``: the gated tools offered, less those allowed outright."""
+    return ",".join(t for t in GATED if t in tools and t not in allowed)
+
+
+def map_message(message: dict[str, Any], state: AdapterState) -> list[Event] | None:
+    """What only RPC mode sends; None for the agent events :mod:`adapters.pi` maps."""
+    kind = message.get("type")
+    if kind == "response":
+        if message.get("command") == "get_state" and message.get("success") is True:
+            data = coerce.mapping(message.get("data"))
+            state.session_id = coerce.nonempty(data.get("sessionId")) or state.session_id
+        elif message.get("success") is False:
+            detail = coerce.text(message.get("error")) or "pi refused the command"
+            return [error_event(f"pi {message.get('command')}: {detail}")]
+        return []
+    if kind == "extension_ui_request":
+        _ui_request(message, state)
+        return []
+    return None
+
+
+def _ui_request(message: dict[str, Any], state: AdapterState) -> None:
+    request_id = message.get("id")
+    method = message.get("method")
+    if not isinstance(request_id, str) or method not in _DIALOGS:
+        return
+    if method != "confirm" or message.get("title") != TITLE:
+        # A dialog of no extension of ours: cancelled at once (it would wait forever).
+        state.outbox.append(
+            _line({"type": "extension_ui_response", "id": request_id, "cancelled": True})
+        )
+        return
+    try:
+        asked = coerce.mapping(json.loads(coerce.text(message.get("message"))))
+    except ValueError:
+        asked = {}
+    tool = coerce.nonempty(asked.get("tool_name")) or "tool"
+    value = asked.get("input")
+    command = coerce.nonempty(coerce.mapping(value).get("command")) if tool == "bash" else None
+    path = coerce.nonempty(coerce.mapping(value).get("path"))
+    state.asks.append(
+        Ask(
+            native_id=request_id,
+            tool=tool,
+            input=value,
+            description=command or (f"{tool} {path}" if path else tool),
+            command=command,
+        )
+    )
+
+
+def answer(state: AdapterState, ask: Ask, decision: Decision) -> None:
+    reply: dict[str, Any] = {"type": "extension_ui_response", "id": ask.native_id}
+    if decision.abort:
+        reply["cancelled"] = True
+    else:
+        reply["confirmed"] = decision.allow
+    state.outbox.append(_line(reply))
