@@ -4,12 +4,14 @@ answer and an unknown one."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import adapters
 from tests.helpers import assert_one_terminal
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env, start_worker
 from worker.client import HarnessClient, StreamEvent
@@ -170,6 +172,12 @@ def test_always_allows_the_same_call_again_without_asking(
     assert decision.data["by"] == "rule:always"
 
 
-def test_ask_is_refused_for_a_harness_without_a_live_channel(ask_env: Env) -> None:
+def test_ask_is_refused_for_a_harness_without_a_live_channel(
+    ask_env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every adapter asks live now: take the channel away from one.
+    codex = adapters.get("codex")
+    caps = dataclasses.replace(codex.CAPABILITIES, permission_ask=False)
+    monkeypatch.setattr(codex, "CAPABILITIES", caps)
     with pytest.raises(InvalidInput, match="permission_ask"):
         ask_env.client().start_run("codex", "hello", posture="ask")
