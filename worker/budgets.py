@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.events import (
     AssistantText,
@@ -36,10 +36,12 @@ from adapters.events import (
     session_error,
 )
 from config import Settings
-from worker.attempt import Publishing, UsageTotals
 from worker.errors import InvalidInput
 from worker.records import RunRecord
 from worker.spec import RunOptions
+
+if TYPE_CHECKING:  # the client imports this module: it must not load the turn loop
+    from worker.attempt import Publishing, UsageTotals
 
 LIMITS: tuple[str, ...] = ("max_cost_usd", "max_tokens", "max_turns", "max_wall_s")
 """The budget's limits, as the run options, the record's ``budget`` and the CLI name them."""
