@@ -121,8 +121,17 @@ def seed(
     if work.store.exists() and 0 in work.store.turns():
         return None
     workspace, created, _ = make_owned_workspace(
-        work.path.parents[1], work.run_id, options.workspace, work.uid, work.gid
+        work.store.root, work.run_id, options.workspace, work.uid, work.gid
     )
+    if not (options.repo or options.archive):
+        try:
+            return work.store.take(workspace, 0, "the workspace before the first turn")
+        except SandboxError as exc:
+            # No baseline: the run goes on; its first turn's snapshot records everything.
+            log.warning(
+                "workspace.baseline_failed", extra={"run_id": work.run_id, "error": str(exc)}
+            )
+            return None
     try:
         if options.repo:
             _require_empty(workspace, options)
@@ -137,19 +146,14 @@ def seed(
                 work.gid,
                 settings.repo_timeout_s,
             )
-        if options.archive:
-            _require_empty(workspace, options)
-            return _seed_archive(work, workspace, options, settings, upload)
-        return work.store.take(workspace, 0, "the workspace before the first turn")
-    except (SeedError, InvalidInput) as exc:
+        _require_empty(workspace, options)
+        return _seed_archive(work, workspace, options, settings, upload)
+    except (SandboxError, InvalidInput) as exc:
         work.store.remove()
         if created:
             _remove_workspace(workspace)
-        raise InvalidInput(str(exc)) from None
-    except SandboxError as exc:
-        work.store.remove()
-        if created:
-            _remove_workspace(workspace)
+        if isinstance(exc, SeedError | InvalidInput):
+            raise InvalidInput(str(exc)) from None
         raise InvalidInput(f"the workspace could not be seeded: {exc}") from None
 
 
