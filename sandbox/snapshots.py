@@ -151,6 +151,10 @@ class SnapshotStore:
                 numbers.append(int(tail))
         return sorted(numbers)
 
+    def seed_commit(self) -> str | None:
+        """The commit the workspace was seeded from (a repository seed), else None."""
+        return self._resolve(SEED) if self.exists() else None
+
     def commit_of(self, turn: int) -> str:
         """The commit id of turn ``turn``; :class:`UnknownSnapshot` when there is none."""
         commit = self._resolve(f"refs/turns/{int(turn)}")

@@ -210,7 +210,9 @@ def seed_first_turn(
         return None
     changes = RecordChanges(snapshot=summary.snapshot)
     if options.repo:
-        changes["seed"] = f"{options.repo}@{options.ref or 'HEAD'}"
+        commit = work.store.seed_commit()
+        at = f" (commit {commit[:12]})" if commit else ""
+        changes["seed"] = f"{options.repo}@{options.ref or 'HEAD'}{at}"
     elif options.archive:
         changes["seed"] = f"archive sha256:{options.archive}"
     return changes

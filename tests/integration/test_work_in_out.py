@@ -153,7 +153,7 @@ def test_seeded_repo_turns_diff_export_rewind_and_push(
     assert change["lines_added"] == 2 and change["lines_removed"] == 1  # bin.dat: "x"
     assert change["pushed_branch"] == "agent/work" and change["snapshot"]
     record = client.status(run_id)
-    assert record["seed"] == f"{server.url('seed.git')}@main"
+    assert record["seed"].startswith(f"{server.url('seed.git')}@main (commit ")
     assert record["snapshot"] == change["snapshot"]
 
     # The git credential was the worker's alone: not in the sandbox, the stream, the record.
