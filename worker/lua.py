@@ -182,6 +182,26 @@ SLOT_HOLDERS = """
 return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 """
 
+# Append a batch of a turn's events to the run's stream (worker/publisher.py), in order: one
+# command for the batch instead of one XADD each (a sixth of the client's CPU per event; the
+# server's work is the same XADDs). An id the stream already has is an entry an earlier try
+# stored (its reply was lost): skipped, and counted as stored. Any other error stops the batch
+# (the entries before it stay) and is returned.
+# KEYS: the stream. ARGV: MAXLEN (approximate), then id, type, data, ts of each entry.
+# Returns the number of entries of the batch the stream now holds.
+XADD_BATCH = """
+local stored = 'equal or smaller than the target stream top item'
+for i = 2, #ARGV, 4 do
+  local reply = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[i],
+    'type', ARGV[i + 1], 'data', ARGV[i + 2], 'ts', ARGV[i + 3])
+  if type(reply) == 'table' and reply.err
+      and not string.find(tostring(reply.err), stored, 1, true) then
+    return reply
+  end
+end
+return (#ARGV - 1) / 4
+"""
+
 SOURCES: dict[str, str] = {
     "begin_turn": BEGIN_TURN,
     "finish_turn": FINISH_TURN,
@@ -193,6 +213,7 @@ SOURCES: dict[str, str] = {
     "slot_take": SLOT_TAKE,
     "slot_release": SLOT_RELEASE,
     "slot_holders": SLOT_HOLDERS,
+    "xadd_batch": XADD_BATCH,
 }
 
 
@@ -272,6 +293,17 @@ class Scripts:
 
     def slot_release(self, holders: str, waiting: str, who: str, seen: str, member: str) -> bool:
         return bool(self._call("slot_release", [holders, waiting, who, seen], [member]))
+
+    def xadd_batch(
+        self, stream: str, maxlen: int, entries: Sequence[tuple[str, str, str, str]]
+    ) -> int:
+        """Append ``entries`` (id, type, data, ts) to ``stream``; see :data:`XADD_BATCH`."""
+        args: list[Value] = [maxlen]
+        for entry in entries:
+            args.extend(entry)
+        reply = self._call("xadd_batch", [stream], args)
+        assert isinstance(reply, int)
+        return reply
 
     def slot_holders(self, holders: str) -> list[tuple[str, float]]:
         reply = self._call("slot_holders", [holders], [])

@@ -7,10 +7,13 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
+from redis.commands.core import Script
 
 from adapters.events import AssistantText, Event, TurnComplete, TurnStarted, Usage, parse_event
 from worker.keys import Keys
-from worker.publisher import MASK, Masker, RedisStreamPublisher, last_seq
+from worker.lua import XADD_BATCH
+from worker.publisher import MASK, SCRIPT_BATCH, Masker, RedisStreamPublisher, last_seq
 
 RUN = "r" + "b" * 24
 KEYS = Keys("t")
@@ -28,11 +31,19 @@ def client(server: fakeredis.FakeServer) -> fakeredis.FakeRedis:
 
 
 class CountingClient:
-    """A real (fake) Redis that counts round trips: one per pipeline executed."""
+    """A real (fake) Redis that counts round trips: one per pipeline executed or script
+    called."""
 
     def __init__(self, inner: fakeredis.FakeRedis) -> None:
         self.inner = inner
         self.round_trips = 0
+
+    def register_script(self, script: str) -> Any:
+        return Script(self, script)
+
+    def evalsha(self, *args: Any) -> Any:
+        self.round_trips += 1
+        return self.inner.evalsha(*args)
 
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
         pipe = self.inner.pipeline(*args, **kwargs)
@@ -107,6 +118,7 @@ def test_start_seq_continues_a_turn(client: fakeredis.FakeRedis) -> None:
 
 
 def test_one_round_trip_per_publish_call(client: fakeredis.FakeRedis) -> None:
+    client.script_load(XADD_BATCH)  # as after a first call (the script is loaded once)
     counting = CountingClient(client)
     publisher = _publisher(counting)
     publisher.publish(_texts(*"abcdefghij"))
@@ -114,6 +126,24 @@ def test_one_round_trip_per_publish_call(client: fakeredis.FakeRedis) -> None:
     publisher.publish(_texts("k", "l"))
     assert counting.round_trips == 2
     assert len(_entries(client)) == 12
+
+
+def test_big_batch_split_into_bounded_script_calls(client: fakeredis.FakeRedis) -> None:
+    client.script_load(XADD_BATCH)
+    counting = CountingClient(client)
+    publisher = _publisher(counting, maxlen=10_000)
+    texts = [str(i) for i in range(SCRIPT_BATCH * 2 + 1)]
+    assert publisher.publish(_texts(*texts)) is True
+    assert counting.round_trips == 3
+    entries = _entries(client)
+    assert [json.loads(e[1]["data"])["text"] for e in entries] == texts
+    assert [e[0] for e in entries] == [f"1-{i}" for i in range(len(texts))]
+
+
+def test_error_other_than_stored_id_is_raised(client: fakeredis.FakeRedis) -> None:
+    client.set(STREAM, "not a stream")
+    with pytest.raises(redis.ResponseError):
+        _publisher(client).publish(_texts("a"))
 
 
 def test_retried_batch_harmless_when_ids_already_stored(client: fakeredis.FakeRedis) -> None:
