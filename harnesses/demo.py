@@ -138,7 +138,11 @@ def ask(description: str, command: str | None) -> dict[str, object] | None:
     """Emit a permission line; with HARNESS_POSTURE=ask wait for its decision line (stdin
     closing first is a deny). None when not asking (the request is only reported)."""
     request_id = uuid.uuid4().hex[:8]
-    emit({"type": "permission", "id": request_id, "description": description, "command": command})
+    line: dict[str, object] = {"type": "permission", "id": request_id}
+    line.update(description=description, command=command)
+    if command is not None:
+        line["tool"] = "bash"  # a command runs through the shell tool (rules name it so)
+    emit(line)
     if not asking():
         return None
     while True:

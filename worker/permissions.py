@@ -46,6 +46,7 @@ from adapters.events import (
 from adapters.protocol import AdapterState
 from config import Settings
 from sandbox.base import Process
+from worker import permission_rules
 from worker.errors import AnswerRefused, InvalidInput, RequestNotFound
 from worker.keys import Keys, SyncRedis
 from worker.publisher import Masker
@@ -115,6 +116,8 @@ def gate_for(
         turn,
         timeout_s=deps.settings.permission_timeout_s,
         masker=masker,
+        allow=options.allow,
+        deny=options.deny,
     )
 
 
@@ -272,8 +275,13 @@ class Gate:
         timeout_s: float,
         masker: Masker,
         clock: Callable[[], float] = time.time,
+        allow: tuple[str, ...] = (),
+        deny: tuple[str, ...] = (),
     ) -> None:
         self.client, self.keys, self.run_id, self.turn = client, keys, run_id, turn
+        self.allow, self.deny = allow, deny
+        """The run's ``--allow``/``--deny`` patterns (:mod:`worker.permission_rules`): they
+        answer a request before anyone is asked."""
         self.timeout_s = timeout_s
         self.masker = masker
         self.clock = clock
@@ -371,6 +379,26 @@ class Gate:
             input_chars=size,
             deadline=deadline,
         )
+        ruled = permission_rules.decide(self.allow, self.deny, ask)
+        if ruled is not None:
+            allowed, by = ruled
+            message = None if allowed else f"Denied by the run's rule {by.split(':', 2)[2]}."
+            if not self._answer(ask, Decision(allow=allowed, message=message)) and allowed:
+                allowed, by = False, "worker:channel"
+            log.info(
+                "permission.ruled",
+                extra={"run_id": self.run_id, "request_id": request_id, "by": by},
+            )
+            return [
+                request,
+                PermissionDecision(
+                    request_id=request_id,
+                    decision="allow" if allowed else "deny",
+                    scope="once",
+                    by=by,
+                    message=message,
+                ),
+            ]
         try:
             always = self.client.sismember(self.keys.permission_always(self.run_id), print_)
         except (redis.ConnectionError, redis.TimeoutError):

@@ -181,3 +181,32 @@ def test_ask_is_refused_for_a_harness_without_a_live_channel(
     monkeypatch.setattr(codex, "CAPABILITIES", caps)
     with pytest.raises(InvalidInput, match="permission_ask"):
         ask_env.client().start_run("codex", "hello", posture="ask")
+
+
+def test_allow_and_deny_patterns_answer_before_anyone_is_asked(
+    ask_env: Env, ask_worker: WorkerProcess
+) -> None:
+    """--deny first, then --allow, for a harness that applies no pattern itself: the worker
+    answers the request at once, and says which rule did."""
+    client = ask_env.client()
+    run_id = client.start_run(
+        "stdio-json",
+        "@ask touch allowed.txt\n@ask touch blocked.txt\n@ask touch asked.txt",
+        executable=DEMO,
+        posture="ask",
+        allow=("Bash(touch allowed*)",),
+        deny=("bash(touch blocked:*)",),
+    )
+    [request] = wait_pending(client, run_id)  # only the third one waits for a person
+    assert request["command"] == "touch asked.txt"
+    client.deny(run_id, request["request_id"])
+    assert client.wait(run_id, 1, timeout=30).type == "turn-complete"
+    decisions = [e.data for e in turn_events(client, run_id) if e.type == "permission-decision"]
+    assert [(d["decision"], d["by"]) for d in decisions] == [
+        ("allow", "rule:allow:Bash(touch allowed*)"),
+        ("deny", "rule:deny:bash(touch blocked:*)"),
+        ("deny", decisions[2]["by"]),
+    ]
+    ws = workspace(ask_env, run_id)
+    assert (ws / "allowed.txt").exists()
+    assert not (ws / "blocked.txt").exists() and not (ws / "asked.txt").exists()
