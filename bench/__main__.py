@@ -32,6 +32,7 @@ ROWS = {
     "7": "bench.row7_workspace",
     "8": "bench.row8_spend",
     "9": "bench.row9_egress",
+    "10": "bench.row10_redis",
 }
 
 

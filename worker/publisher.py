@@ -1,8 +1,9 @@
 """Publishing a turn's events to the run's Redis stream, in order, never twice, never lost.
 
-Entry ids are ``{turn}-{seq}``. Events are sent in batches (one script call per chunk of
-harness output, worker/lua.py's XADD_BATCH); while Redis is unreachable they wait in memory
-and are sent, in order, once it is back. A retried batch is harmless: Redis refuses an id it
+Entry ids are ``{turn}-{seq}``. Events are sent in batches, one round trip per chunk of
+harness output: a few as pipelined XADDs, more as one script call per 1,000 (worker/lua.py's
+XADD_BATCH). While Redis is unreachable they wait in memory and are sent, in order, once it
+is back. A retried batch is harmless: Redis refuses an id it
 already has, and that refusal counts as delivered.
 """
 
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 MASK = "[masked]"
 SCRIPT_BATCH = 1000
 """Events per script call: Redis runs a call whole, and 1,000 XADDs take it about 3 ms."""
+SCRIPT_MIN = 16
+"""Fewer events than this go as pipelined XADDs: a script call costs Redis ~5-10 us of its
+own, which a batch of one or two events would pay alone (docs/performance.md, row 10)."""
+_DUPLICATE_ID = "equal or smaller than the target stream top item"
 
 
 class Masker:
@@ -117,12 +122,15 @@ class RedisStreamPublisher:
         batch = list(self._pending)
         delivered = 0
         try:
-            # One script call per chunk of the batch (worker/lua.py, XADD_BATCH): redis-py
-            # packed and parsed one XADD per event, most of our cost per event. The chunk
-            # bounds how long Redis is busy with one call (~3 ms).
-            for at in range(0, len(batch), SCRIPT_BATCH):
-                chunk = batch[at : at + SCRIPT_BATCH]
-                delivered += self._scripts.xadd_batch(self._key, self._maxlen, chunk)
+            if len(batch) < SCRIPT_MIN:
+                delivered = self._xadd_pipelined(batch)
+            else:
+                # One script call per chunk of the batch (worker/lua.py, XADD_BATCH): redis-py
+                # packed and parsed one XADD per event, most of our cost per event. The chunk
+                # bounds how long Redis is busy with one call (~3 ms).
+                for at in range(0, len(batch), SCRIPT_BATCH):
+                    chunk = batch[at : at + SCRIPT_BATCH]
+                    delivered += self._scripts.xadd_batch(self._key, self._maxlen, chunk)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._done(batch, delivered)
             self.retries += 1
@@ -135,7 +143,32 @@ class RedisStreamPublisher:
                 )
             return False
         self._done(batch, delivered)
+        if delivered < len(batch):  # the connection dropped after some of a pipeline
+            self.retries += 1
+            metrics.publish_retried()
+            self._next_try = now + self._retry_interval
+            return False
         return True
+
+    def _xadd_pipelined(self, batch: list[tuple[str, str, str, str]]) -> int:
+        """A few events: one XADD each in one pipeline (a script call costs Redis more than
+        a few XADDs). Returns how many of the batch the stream now holds, in order."""
+        pipe = self._redis.pipeline(transaction=False)
+        # XADD key MAXLEN ~ n id type T data D ts S: the command pipe.xadd() builds, without
+        # its per-call argument checks.
+        command, key, maxlen = pipe.execute_command, self._key, self._maxlen
+        for entry_id, kind, data, ts in batch:
+            command(
+                "XADD", key, "MAXLEN", "~", maxlen, entry_id, "type", kind, "data", data, "ts", ts
+            )
+        delivered = 0
+        for result in pipe.execute(raise_on_error=False):
+            if isinstance(result, redis.ConnectionError | redis.TimeoutError):
+                break
+            if isinstance(result, Exception) and _DUPLICATE_ID not in str(result):
+                raise result
+            delivered += 1
+        return delivered
 
     def _done(self, batch: list[tuple[str, str, str, str]], delivered: int) -> None:
         for _ in range(delivered):

@@ -9,6 +9,7 @@ big stream published whole. No timing is asserted, ever.
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -137,3 +138,17 @@ def test_spend_row_measures_the_budget_check_and_the_slot_take(
 
     with Bench("smoke", backends=("local",), tmp=tmp_path) as b:
         _assert_measured(row8_spend.run(b))
+
+
+def test_redis_cost_row_stores_every_event_and_leaves_runs_idle(
+    redis_url: str, tmp_path: Path
+) -> None:
+    from bench import row10_redis
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("row 10 starts a redis-server of its own")
+    with Bench("smoke", backends=("local",), tmp=tmp_path) as b:
+        result = row10_redis.run(b)
+    _assert_measured(result)
+    assert any("stored" in name for name in result.checks)
+    assert any("idle" in name for name in result.checks)

@@ -13,7 +13,7 @@ from redis.commands.core import Script
 from adapters.events import AssistantText, Event, TurnComplete, TurnStarted, Usage, parse_event
 from worker.keys import Keys
 from worker.lua import XADD_BATCH
-from worker.publisher import MASK, SCRIPT_BATCH, Masker, RedisStreamPublisher, last_seq
+from worker.publisher import MASK, SCRIPT_BATCH, SCRIPT_MIN, Masker, RedisStreamPublisher, last_seq
 
 RUN = "r" + "b" * 24
 KEYS = Keys("t")
@@ -140,10 +140,24 @@ def test_big_batch_split_into_bounded_script_calls(client: fakeredis.FakeRedis) 
     assert [e[0] for e in entries] == [f"1-{i}" for i in range(len(texts))]
 
 
-def test_error_other_than_stored_id_is_raised(client: fakeredis.FakeRedis) -> None:
+@pytest.mark.parametrize("size", [1, SCRIPT_MIN], ids=["pipelined", "script"])
+def test_error_other_than_stored_id_is_raised(client: fakeredis.FakeRedis, size: int) -> None:
     client.set(STREAM, "not a stream")
     with pytest.raises(redis.ResponseError):
-        _publisher(client).publish(_texts("a"))
+        _publisher(client).publish(_texts(*(str(i) for i in range(size))))
+
+
+@pytest.mark.parametrize("size", [2, SCRIPT_MIN * 2], ids=["pipelined", "script"])
+def test_retry_of_a_partly_stored_batch_stores_the_rest_once(
+    client: fakeredis.FakeRedis, size: int
+) -> None:
+    texts = [str(i) for i in range(size)]
+    _publisher(client).publish(_texts(*texts[: size // 2]))
+    retry = _publisher(client)
+    assert retry.publish(_texts(*texts)) is True
+    assert retry.published == size
+    entries = _entries(client)
+    assert [json.loads(e[1]["data"])["text"] for e in entries] == texts
 
 
 def test_retried_batch_harmless_when_ids_already_stored(client: fakeredis.FakeRedis) -> None:
