@@ -22,6 +22,10 @@ from typing import Any
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
 
 
+RECORDED = ("stream.", "workspace.snapshot")
+"""The log records a row reads: the stream counters, and each turn's snapshot time (row 1)."""
+
+
 class RecordFile(logging.Handler):
     def __init__(self, path: str) -> None:
         super().__init__(logging.DEBUG)
@@ -29,7 +33,7 @@ class RecordFile(logging.Handler):
         self._lock_file = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not record.getMessage().startswith("stream."):
+        if not record.getMessage().startswith(RECORDED):
             return
         data: dict[str, Any] = {
             k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")

@@ -13,6 +13,7 @@ from bench.consume import before_turn, wait_terminal
 from bench.context import NOOP, Bench, bare_subprocess
 from bench.stats import p50, percentile
 from bench.table import Figure, RowResult
+from bench.worker import iter_records
 
 TARGET_MS = 15.0
 
@@ -59,6 +60,12 @@ def measure(bench: Bench, backend: str) -> dict[str, list[float]]:
             out["dispatch"].append(first.ts - wall)
             out["turn"].append(terminal.ts - first.ts)
             out["deliver"].append(terminal.at - terminal.ts)
+        snapshots = [
+            float(record["ms"]) / 1000
+            for record in iter_records(bench.worker, "workspace.snapshot")
+            if record.get("run_id") == run_id
+        ]
+        out["snapshot"] = snapshots[1 + sizes.overhead_warmup :]  # the measured turns
         if backend == "docker":
             out.update(docker_split(bench, run_id, max(3, sizes.overhead_turns // 2)))
     finally:
@@ -153,6 +160,13 @@ def run(bench: Bench) -> RowResult:
             ),
             Figure(
                 f"{backend}:   terminal published -> seen p50", p50(m["deliver"]) * 1000, None, "ms"
+            ),
+            Figure(
+                f"{backend}:   of the turn: its workspace snapshot (before the terminal) p50",
+                p50(m["snapshot"]) * 1000 if m["snapshot"] else None,
+                None,
+                "ms",
+                ours_text=None if m["snapshot"] else "n/a (snapshots off)",
             ),
         )
         if backend == "docker":

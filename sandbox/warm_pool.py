@@ -42,6 +42,10 @@ LABEL_POOL_SHAPE = "harness.pool_shape"
 POOL_PREFIX = "pool-"
 """Run ids of warm containers not yet claimed by a run (real run ids never start so)."""
 POOL_TTL_S = 3600.0
+REFILL_DELAY_S = 1.0
+"""How long after a claim the pool starts the next warm container: creating, starting and
+probing one takes dockerd and the CPUs ~0.3 s, which slowed the claiming run's first exec
+by a third on two vCPUs (docs/performance.md, row 5)."""
 
 
 def pool_shape(spec: RunSpec) -> str:
@@ -124,7 +128,9 @@ class ContainerPool:
             except SandboxError as exc:
                 log.warning("sandbox.pool_refill_failed", extra={"error": str(exc)})
 
-        threading.Thread(target=refill, name="pool-refill", daemon=True).start()
+        timer = threading.Timer(REFILL_DELAY_S, refill)
+        timer.name, timer.daemon = "pool-refill", True
+        timer.start()
 
     def close(self) -> None:
         """Stop warming and remove this scope's unclaimed warm containers."""
@@ -144,10 +150,14 @@ class ContainerPool:
         for the same one: moving its workspace directory is the atomic step that decides."""
         if not self.serves(spec):
             return None
+        target = self._root / "run" / spec.run_id
+        if not _clear_unused(target):
+            return None  # a seeded workspace is the run's own: it gets its own container
         for summary in self._waiting(pool_shape(spec)):
             pool_run = (summary.get("Labels") or {}).get(LABEL_RUN, "")
             try:
-                os.rename(self._root / "run" / pool_run, self._root / "run" / spec.run_id)
+                # Replaces the run's workspace when it is an empty directory (rename(2)).
+                os.rename(self._root / "run" / pool_run, target)
             except OSError:
                 continue  # another worker claimed it first
             self._claims.mkdir(parents=True, exist_ok=True)
@@ -194,3 +204,27 @@ class ContainerPool:
             for s in cast(list[dict[str, Any]], summaries)
             if any(name.startswith(prefix) for name in s.get("Names") or [])
         ]
+
+
+def _clear_unused(workspace: Path) -> bool:
+    """Whether a warm workspace can take the place of the run's: true when the run's is
+    missing, or holds nothing but the empty ``.home`` its first turn's baseline snapshot
+    made before the sandbox was prepared (that ``.home`` is removed here, leaving an empty
+    directory the claim's rename replaces). A workspace with anything else (a seeded
+    repository or archive) stays, and the run creates its own container."""
+    home = workspace / ".home"
+    try:
+        entries = [entry.name for entry in workspace.iterdir()]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if not entries:
+        return True
+    if entries != [".home"] or home.is_symlink() or not home.is_dir():
+        return False
+    try:
+        home.rmdir()  # refused (ENOTEMPTY) when anything is in it
+    except OSError:
+        return False
+    return True
