@@ -1,8 +1,9 @@
 """Row 4: concurrency. One worker process runs N concurrent turns of a harness that sleeps
-S seconds: wall time from the first submit to the last terminal event seen, against the S
-ideal, and the worker's resident memory per in-flight turn (its peak during the burst minus
-its resident set just before, over N). The runs and their sandboxes exist beforehand (a
-no-op first turn each), so this is the steady state of a busy worker. Raw baseline: N bare
+S seconds: wall time from the first submit to the last terminal event seen, against the
+wall of N bare harnesses started at once (and the S ideal), and the worker's resident memory
+per in-flight turn (its peak during the burst minus its resident set just before, over N).
+The runs and their sandboxes exist beforehand (a no-op first turn each), so this is the
+steady state of a busy worker. Raw baseline: N bare
 harness processes (or execs) started at once by one Python process with a thread each."""
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from bench.stats import mib
 from bench.table import Figure, RowResult
 from bench.worker import ROOT
 
+TARGET_FLOOR_RATIO = 1.10
+"""Issue 19: against the floor this machine sets (N bare harnesses at once, same run)."""
 TARGET_WALL_RATIO = 1.25
+"""Issue 8: against the S ideal (below what two vCPUs can do at all; kept to show it)."""
 TARGET_MIB_PER_TURN = 5.0
 
 
@@ -93,9 +97,18 @@ def run(bench: Bench) -> RowResult:
         completed = sum(1 for _, kind in done.values() if kind == "turn-complete")
         result.checks[f"{backend}: all {n} turns ended with turn-complete"] = completed == n
         ratio = wall / sleep_s
+        floor = wall / raw["wall_s"]
         result.add(
             Figure(
-                f"{backend}: wall of {n} turns vs {sleep_s:g} s ideal",
+                f"{backend}: wall of {n} turns vs {n} bare harnesses at once",
+                wall,
+                raw["wall_s"],
+                "s",
+                target=f"<= {TARGET_FLOOR_RATIO:g}x",
+                met=floor <= TARGET_FLOOR_RATIO,
+            ),
+            Figure(
+                f"{backend}:   wall of {n} turns vs {sleep_s:g} s ideal",
                 wall,
                 sleep_s,
                 "s",

@@ -16,6 +16,9 @@ from bench.stats import p50
 from bench.table import Figure, RowResult
 from bench.worker import DEMO_IMAGE
 
+TARGET_WARM_RATIO = 1.2
+"""Issue 19: a first turn that claims a warm container, against a bare exec."""
+
 
 def run(bench: Bench) -> RowResult:
     repeats = bench.sizes.first_turn_repeats
@@ -77,7 +80,8 @@ def run(bench: Bench) -> RowResult:
             p50(pooled) * 1000 if pooled else None,
             p50(bare_exec) * 1000,
             "ms",
-            target="close to exec latency",
+            target=f"<= {TARGET_WARM_RATIO:g}x",
+            met=(p50(pooled) / p50(bare_exec) <= TARGET_WARM_RATIO) if pooled else False,
         ),
     )
     return result
