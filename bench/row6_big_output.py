@@ -84,7 +84,7 @@ def run(bench: Bench) -> RowResult:
                     counters.get("oversized") == 1
                 )
                 result.checks[f"{backend}: its turn completed, nothing of the line published"] = (
-                    types == ["turn-started", "session", "turn-complete"]
+                    types == ["turn-started", "session", "workspace", "turn-complete"]
                 )
                 drain = _drain(bench, backend, script, container)
                 result.add(
@@ -107,12 +107,14 @@ def run(bench: Bench) -> RowResult:
                 script = f"@fill {total} {line}"
                 turn, seconds, growth, _ = _turn(bench, worker, run_id, script)
                 expected = math.ceil(total / line)
-                last = bench.redis.xrevrange(key, count=2)
-                (last_id, last_fields), (_, before_fields) = last[0], last[1]
-                last_text = json.loads(before_fields["data"]).get("text", "")
+                # The turn ends: the last text line, the snapshot's workspace event, terminal.
+                last = bench.redis.xrevrange(key, count=3)
+                (last_id, last_fields), (_, snap_fields), (_, text_fields) = last
+                last_text = json.loads(text_fields["data"]).get("text", "")
                 complete = (
-                    last_id == f"{turn}-{expected + 2}"
+                    last_id == f"{turn}-{expected + 3}"
                     and last_fields["type"] == "turn-complete"
+                    and snap_fields["type"] == "workspace"
                     and last_text.startswith(f"{expected - 1:010d} ")
                 )
                 result.checks[f"{backend}: all {expected:,} lines of the stream published"] = (
