@@ -83,9 +83,12 @@ def run(bench: Bench) -> RowResult:
                 result.checks[f"{backend}: the {big / 1e6:g} MB line counted as oversized"] = (
                     counters.get("oversized") == 1
                 )
+                expected_types = ["turn-started", "session", "workspace", "turn-complete"]
                 result.checks[f"{backend}: its turn completed, nothing of the line published"] = (
-                    types == ["turn-started", "session", "workspace", "turn-complete"]
+                    types == expected_types
                 )
+                if types != expected_types:
+                    result.notes.append(f"{backend}: the big line's turn published {types}")
                 drain = _drain(bench, backend, script, container)
                 result.add(
                     Figure(
@@ -120,6 +123,11 @@ def run(bench: Bench) -> RowResult:
                 result.checks[f"{backend}: all {expected:,} lines of the stream published"] = (
                     complete
                 )
+                if not complete:
+                    result.notes.append(
+                        f"{backend}: the stream ends with {last_id} {last_fields['type']}, "
+                        f"{snap_fields['type']}, text {last_text[:20]!r}"
+                    )
                 drain = _drain(bench, backend, script, container)
                 result.add(
                     Figure(
