@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,11 +59,15 @@ class Gate:
 
 
 class PrivateRedis:
-    def __init__(self, directory: Path, *, append_only: bool = True) -> None:
+    def __init__(
+        self, directory: Path, *, append_only: bool = True, config: Sequence[str] = ()
+    ) -> None:
         self.port = free_port()
         self.directory = directory
         self.append_only = append_only
         """Without it (row 10: Redis's own CPU and memory), nothing is written to disk."""
+        self.config = tuple(config)
+        """More ``--name value`` arguments of redis-server."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.gate = Gate()
 
@@ -87,6 +91,7 @@ class PrivateRedis:
                 "always",
                 "--dir",
                 str(self.directory),
+                *self.config,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

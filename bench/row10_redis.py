@@ -3,18 +3,20 @@
 
 - Memory per stored event: the events of every recorded fixture of the five harnesses
   (``tests/fixtures/*/*.events.json``, repeated), and the demo's flood (tiny events, the
-  worst case), published by :class:`RedisStreamPublisher` into one stream; ``used_memory``
-  after - before, per event, against the same entries written as JSON lines (``id``,
+  worst case), published by :class:`RedisStreamPublisher` into one stream; its ``MEMORY
+  USAGE`` (every element counted) per event, against the same entries written as JSON lines (``id``,
   ``type``, ``data``, ``ts``: everything the entry holds, as ``harness events --json``
   would keep it in a file).
 - Memory per idle run: a worker of the row's own on that Redis (local sandbox, the default
-  stream limit and retention) runs M runs' no-op first turn; ``used_memory`` after the M
-  runs are idle - before, per run, against every key of those runs written as JSON.
+  stream limit and retention) runs M runs' no-op first turn; the ``MEMORY USAGE`` of every
+  key of those runs (and their share of the set of active runs) once they are idle, per
+  run, against the same keys written as JSON.
 - Redis CPU per published event: the server's ``used_cpu_user + used_cpu_sys`` while the
   publisher sends the recorded mix, against a bare pipelined XADD of the very same entries
   (read back), in the same batch sizes: 1,000 per call (a flood), 16 (the smallest batch
   the publisher sends as one script call) and one (a quiet harness). Alternating, median
   of 3.
+- The memory lines again on a server started with :data:`TUNED`.
 - Capacity: how many runs this machine's memory (``MemAvailable``) holds in one Redis,
   idle (as measured) and with their stream full at the default ``HARNESS_STREAM_MAXLEN``
   of recorded events; and how many events per second one Redis core absorbs.
@@ -43,6 +45,10 @@ from worker.keys import Keys
 from worker.publisher import SCRIPT_MIN, RedisStreamPublisher
 
 TARGET_RATIO = 1.5
+TUNED = {"hash-max-listpack-value": "1024", "stream-node-max-bytes": "1024"}
+"""The configuration docs/performance.md recommends (row 10): a run record (one value, its
+options, is ~500 bytes) stays a listpack instead of a hash table, and a stream preallocates
+1 KiB for its newest node instead of 4 KiB."""
 SIZES = {"full": (100_000, 100), "quick": (20_000, 30), "smoke": (1_000, 3)}
 """Events stored and idle runs made, per profile."""
 
@@ -97,8 +103,12 @@ def key_json_bytes(client: redis.Redis, key: str) -> int:
     return 0
 
 
-def used_memory(client: redis.Redis) -> int:
-    return int(client.info("memory")["used_memory"])
+def key_memory(client: redis.Redis, keys: list[str]) -> int:
+    """What Redis holds for these keys: ``MEMORY USAGE key SAMPLES 0`` (every element
+    counted; the key's name and its entry in the keyspace included), summed. A delta of
+    ``used_memory`` would also count client buffers and the keyspace's own resizing, which
+    come and go on Redis's schedule."""
+    return sum(int(client.memory_usage(key, samples=0) or 0) for key in keys)
 
 
 def server_cpu(client: redis.Redis) -> float:
@@ -113,9 +123,10 @@ def mem_available() -> int:
     return 0
 
 
-def start_private(directory: Path) -> PrivateRedis:
+def start_private(directory: Path, config: dict[str, str] | None = None) -> PrivateRedis:
     directory.mkdir(parents=True, exist_ok=True)
-    server = PrivateRedis(directory, append_only=False)
+    args = [arg for name, value in (config or {}).items() for arg in (f"--{name}", value)]
+    server = PrivateRedis(directory, append_only=False, config=args)
     server.start()
     return server
 
@@ -148,7 +159,9 @@ def xadd_all(
         pipe.execute()
 
 
-def stored_events(client: redis.Redis, result: RowResult, n: int, settings: Settings) -> float:
+def stored_events(
+    client: redis.Redis, result: RowResult, n: int, settings: Settings, config: str
+) -> float:
     """Memory per stored event for the recorded mix and the flood; returns the recorded
     mix's bytes per event (for the capacity figures)."""
     mixes = {"recorded events": recorded_events(), "flood events": flood_events(n)}
@@ -156,16 +169,14 @@ def stored_events(client: redis.Redis, result: RowResult, n: int, settings: Sett
     for name, sample in mixes.items():
         events = (sample * (n // len(sample) + 1))[:n]
         run_id = "m" + uuid.uuid4().hex[:24]
-        before = used_memory(client)
         publisher = publish_all(client, "mem", run_id, events, 1000, settings.stream_maxlen)
-        after = used_memory(client)
         entries = client.xrange(publisher.key)
         raw = sum(entry_json_bytes(i, f) for i, f in entries)
-        ours, base = (after - before) / n, raw / n
-        result.checks[f"{name}: all {n:,} stored"] = len(entries) == n
+        ours, base = key_memory(client, [publisher.key]) / n, raw / n
+        result.checks[f"{name}, {config}: all {n:,} stored"] = len(entries) == n
         result.add(
             Figure(
-                f"memory per stored event ({name}) vs the same entries as JSON lines",
+                f"{config}: memory per stored event ({name}) vs the same entries as JSON lines",
                 ours,
                 base,
                 "B",
@@ -219,7 +230,9 @@ def redis_cpu(client: redis.Redis, result: RowResult, n: int, settings: Settings
     return flood_cpu
 
 
-def idle_runs(bench: Bench, url: str, result: RowResult, runs: int) -> tuple[float, Settings]:
+def idle_runs(
+    bench: Bench, url: str, result: RowResult, runs: int, config: str
+) -> tuple[float, Settings]:
     """Memory per idle run (one no-op turn each) made by a real worker on the private Redis
     with the default stream limit and retention."""
     defaults = Settings.model_construct(
@@ -227,7 +240,7 @@ def idle_runs(bench: Bench, url: str, result: RowResult, runs: int) -> tuple[flo
         retention_s=Settings.model_fields["retention_s"].default,
     )
     env = make_env(
-        bench.tmp / "row10",
+        bench.tmp / f"row10-{uuid.uuid4().hex[:6]}",
         redis_url=url,
         HARNESS_STREAM_MAXLEN=str(defaults.stream_maxlen),
         HARNESS_RETENTION_S=str(defaults.retention_s),
@@ -237,8 +250,6 @@ def idle_runs(bench: Bench, url: str, result: RowResult, runs: int) -> tuple[flo
         client, r = env.client(), env.redis()
         warm = client.start_run("stdio-json", NOOP, executable=demo_executable(), sandbox="local")
         wait_terminal(r, env.keys.events(warm), 1, timeout_s=120)
-        time.sleep(1.0)  # the worker's own keys settle (heartbeats, the broker's bookkeeping)
-        before = used_memory(r)
         made = []
         for _ in range(runs):
             run_id = client.start_run(
@@ -251,22 +262,23 @@ def idle_runs(bench: Bench, url: str, result: RowResult, runs: int) -> tuple[flo
             if all(client.status(run_id)["status"] == "idle" for run_id in made):
                 break
             time.sleep(0.2)
-        time.sleep(1.0)
-        after = used_memory(r)
-        raw = 0
+        raw = held = 0
         encodings: set[str] = set()
         for run_id in made:
             keys = list(r.scan_iter(match=f"{env.keys.run(run_id)}*", count=1000))
+            held += key_memory(r, keys)
             raw += sum(key_json_bytes(r, key) for key in keys)
             raw += _line(run_id)  # its member of the set of active runs
             encodings.add(f"record {r.object('encoding', env.keys.run(run_id))}")
-        ours, base = (after - before) / runs, raw / runs
-        result.checks[f"idle runs: all {runs} idle"] = all(
+        index = r.scard(env.keys.runs_index())
+        held += key_memory(r, [env.keys.runs_index()]) * len(made) // max(index, 1)
+        ours, base = held / runs, raw / runs
+        result.checks[f"idle runs, {config}: all {runs} idle"] = all(
             client.status(run_id)["status"] == "idle" for run_id in made
         )
         result.add(
             Figure(
-                "memory per idle run (one no-op turn) vs its keys as JSON",
+                f"{config}: memory per idle run (one no-op turn) vs its keys as JSON",
                 ours,
                 base,
                 "B",
@@ -275,8 +287,8 @@ def idle_runs(bench: Bench, url: str, result: RowResult, runs: int) -> tuple[flo
             )
         )
         result.notes.append(
-            f"idle runs: {', '.join(sorted(encodings))}; {len(made)} runs, "
-            f"{mib(after - before):.2f} MiB in all"
+            f"idle runs, {config}: {', '.join(sorted(encodings))}; {len(made)} runs, "
+            f"{mib(held):.2f} MiB in all"
         )
         for run_id in [warm, *made]:
             client.end(run_id, timeout=60)
@@ -289,31 +301,41 @@ def idle_runs(bench: Bench, url: str, result: RowResult, runs: int) -> tuple[flo
 def run(bench: Bench) -> RowResult:
     result = RowResult("10", "the fleet's cost in Redis (a redis-server of its own)")
     n, runs = SIZES.get(bench.profile, SIZES["full"])
+    # A fresh server per configuration, with the memory measured first.
     server = start_private(bench.tmp / "redis10")
     try:
         client = redis.Redis(port=server.port, decode_responses=True)
         version = client.info("server")["redis_version"]
-        per_run, defaults = idle_runs(bench, server.url, result, runs)
-        per_event = stored_events(client, result, n, defaults)
+        per_run, defaults = idle_runs(bench, server.url, result, runs, "Redis defaults")
+        per_event = stored_events(client, result, n, defaults, "Redis defaults")
         cpu_us = redis_cpu(client, result, n, defaults)
-        available = mem_available()
-        full_run = per_run + per_event * defaults.stream_maxlen
-        result.add(
-            Figure("runs one Redis holds in MemAvailable: idle (as above)", available / per_run,
-                   None, "runs"),
-            Figure(f"runs one Redis holds in MemAvailable: stream full "
-                   f"({defaults.stream_maxlen:,} recorded events)", available / full_run, None,
-                   "runs"),
-            Figure("events/s one Redis core absorbs (1,000 per call)", 1e6 / cpu_us, None,
-                   "ev/s"),
-        )  # fmt: skip
-        result.notes.append(
-            f"Redis {version}; MemAvailable {available / 2**30:.1f} GiB; a full run "
-            f"{mib(full_run):.1f} MiB; retention {defaults.retention_s // 86400} days "
-            "(a run is held that long after its last activity)"
-        )
         client.close()
     finally:
         server.stop()
         subprocess.run(["rm", "-rf", str(bench.tmp / "redis10")], check=False)
+    server = start_private(bench.tmp / "redis10-tuned", TUNED)
+    try:
+        client = redis.Redis(port=server.port, decode_responses=True)
+        idle_runs(bench, server.url, result, runs, "tuned")
+        stored_events(client, result, n, defaults, "tuned")
+        client.close()
+    finally:
+        server.stop()
+        subprocess.run(["rm", "-rf", str(bench.tmp / "redis10-tuned")], check=False)
+    available = mem_available()
+    full_run = per_run + per_event * defaults.stream_maxlen
+    result.add(
+        Figure("runs one Redis holds in MemAvailable: idle (defaults, as above)",
+               available / per_run, None, "runs"),
+        Figure(f"runs one Redis holds in MemAvailable: stream full "
+               f"({defaults.stream_maxlen:,} recorded events)", available / full_run, None,
+               "runs"),
+        Figure("events/s one Redis core absorbs (1,000 per call)", 1e6 / cpu_us, None, "ev/s"),
+    )  # fmt: skip
+    result.notes.append(
+        f"Redis {version}; MemAvailable {available / 2**30:.1f} GiB; a full run "
+        f"{mib(full_run):.1f} MiB; retention {defaults.retention_s // 86400} days "
+        "(a run is held that long after its last activity); tuned: "
+        + ", ".join(f"{k} {v}" for k, v in TUNED.items())
+    )
     return result
