@@ -179,8 +179,11 @@ def test_a_wall_clock_budget_stops_a_turn_that_runs_too_long(world: World) -> No
 
 
 def test_replayed_tokens_count_against_the_budget(world: World) -> None:
-    run_id = world.run(max_tokens=40)
+    run_id = world.run()
     assert world.turn(run_id, "x" * 200) == "completed"
+    # The budget set after the first turn (whose streamed answer alone could pass 40 tokens
+    # before its usage line is read): only the replay of the next turn is to cross it.
+    world.store.update(run_id, budget={**world.store.record(run_id).budget, "max_tokens": 40})
     for path in world.sessions(run_id):  # the vendor session is gone: the turn is replayed
         path.unlink()
     turn = _next_turn(world, run_id, "and now")
