@@ -219,7 +219,8 @@ def test_a_budget_of_a_few_tokens_stops_the_turn_midway_and_raising_it_resumes(
     e2e: Deployment, harness: Harness
 ) -> None:
     word = nonce()
-    followed = e2e.run(harness, f"[scenario:tool] {word}", "--max-tokens", "5")
+    # The final answer is held back 5 s: the budget is crossed before it, whatever the load.
+    followed = e2e.run(harness, f"[scenario:tool] [final-delay:5] {word}", "--max-tokens", "5")
     terminal = followed.terminal["data"]
     assert terminal["reason"] == "budget", followed.describe()
     assert terminal["retryable"] is False

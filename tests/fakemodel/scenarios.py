@@ -89,7 +89,7 @@ class FixedUsage:
 
 USAGE = FixedUsage()
 
-_MARKER = re.compile(r"\[(scenario|delay|answer-model):([^\]\s]+)\]")
+_MARKER = re.compile(r"\[(scenario|delay|final-delay|answer-model):([^\]\s]+)\]")
 
 
 @dataclass(frozen=True)
@@ -169,20 +169,26 @@ class Choice:
     scenario: str
     delay_s: float
     answer_model: str | None
+    final_delay_s: float = 0.0
+    """``[final-delay:SECONDS]``: the tool scenarios wait this long before the final answer
+    (the request that carries the tool's result), so a test can act between the two."""
 
 
 def choose(conversation: Conversation, default: str, delay_s: float, model: str | None) -> Choice:
     """The scenario for a request: markers in the current prompt win over the defaults."""
-    scenario, delay, answer_model = default, delay_s, model
+    scenario, delay, answer_model, final_delay = default, delay_s, model, 0.0
     for key, value in _MARKER.findall(conversation.prompt_text()):
         if key == "scenario" and value in SCENARIOS:
             scenario = value
         elif key == "delay":
             with contextlib.suppress(ValueError):
                 delay = float(value)
+        elif key == "final-delay":
+            with contextlib.suppress(ValueError):
+                final_delay = float(value)
         elif key == "answer-model":
             answer_model = value
-    return Choice(scenario, delay, answer_model)
+    return Choice(scenario, delay, answer_model, final_delay)
 
 
 _REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)

@@ -257,6 +257,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(reply.status, reply.body, reply.headers)
             return
 
+        if choice.final_delay_s and conv.tool_results():
+            time.sleep(choice.final_delay_s)
         answer = self._answer(conv, choice.scenario, model, self.server.fake.forbidden_command)
         streamed = kind == "stream" or (api != "gemini" and body.get("stream") is True)
         record.streamed = streamed
