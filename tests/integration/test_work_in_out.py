@@ -356,3 +356,25 @@ def test_an_agent_that_plants_git_config_hooks_filters_and_links_runs_nothing_on
     turn_events(client, run_id, 2)
     assert not marker.exists()
     assert Path("/etc/passwd").read_text()  # untouched, still a file
+
+
+def test_a_hostile_archive_ends_the_first_turn_invalid_input_and_leaves_nothing(
+    deployment: tuple[Env, WorkerProcess], client: HarnessClient, tmp_path: Path
+) -> None:
+    env, _ = deployment
+    archive = tmp_path / "evil.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name in ("fine.txt", "../escaped.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"bad"))
+    run_id = client.start_run("stdio-json", "@complete never", executable=DEMO, archive=archive)
+    events = turn_events(client, run_id, 1)
+    terminal = events[-1]
+    assert terminal.type == "session-error" and terminal.data["reason"] == "invalid-input"
+    assert "escaped.txt" in terminal.data["error"], terminal.data
+    assert client.status(run_id)["status"] == "failed"
+    root = Path(env.vars["HARNESS_WORKSPACE_ROOT"]) / "docker"
+    assert not (root / "run" / run_id).exists() and not (root / "run" / "escaped.txt").exists()
+    assert not (root / "snapshots" / run_id).exists()
+    assert not env.redis().exists(env.keys.upload(run_id))  # the upload is gone too
