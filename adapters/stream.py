@@ -20,7 +20,15 @@ from typing import Any
 
 import orjson
 
-from adapters.events import Event, Session, SessionError, TurnComplete, TurnStarted, session_error
+from adapters.events import (
+    TERMINAL_TYPES,
+    Event,
+    Session,
+    SessionError,
+    TurnComplete,
+    TurnStarted,
+    session_error,
+)
 from adapters.protocol import Adapter, AdapterState, ExitInfo, TurnRequest
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -166,10 +174,44 @@ class StreamDriver:
     def feed(self, chunk: bytes) -> list[Event]:
         """Map a chunk of stdout; returns the events it completes, in order."""
         out = self.start()
-        for line in self._splitter.feed(chunk):
-            self._line(line, out)
+        lines = self._splitter.feed(chunk)
+        if len(lines) > 1:
+            self._many(lines, out)
+        elif lines:
+            self._line(lines[0], out)
         self.counters.oversized = self._splitter.oversized
         return out
+
+    def _many(self, lines: list[bytes], out: list[Event]) -> None:
+        """:meth:`_line` for each line, with the lookups done once: a flood of small lines
+        is the hot path (row 2 of docs/performance.md)."""
+        counters = self.counters
+        map_message, state, accept = self.adapter.map_message, self.state, self._accept
+        for raw in lines:
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if not raw or raw.isspace():
+                continue
+            counters.lines += 1
+            if self.terminal is not None:
+                counters.dropped_after_terminal += 1
+                continue
+            try:
+                message = _parse_json(raw)
+            except (ValueError, RecursionError):
+                counters.non_json += 1
+                continue
+            if not isinstance(message, dict):
+                counters.non_json += 1
+                continue
+            counters.messages += 1
+            try:
+                events = map_message(message, state)
+            except Exception as exc:  # noqa: BLE001 -- as in _line
+                counters.mapper_errors += 1
+                self.last_mapper_error = f"{type(exc).__name__}: {exc}"
+                continue
+            accept(events, out)
 
     def finish(self, exit: ExitInfo) -> list[Event]:
         """The process has exited: flush, then make sure the turn has its terminal event."""
@@ -203,7 +245,7 @@ class StreamDriver:
     def _line(self, raw: bytes, out: list[Event]) -> None:
         if raw.endswith(b"\r"):
             raw = raw[:-1]
-        if not raw.strip():
+        if not raw or raw.isspace():
             return
         self.counters.lines += 1
         if self.done:
@@ -228,16 +270,17 @@ class StreamDriver:
 
     def _accept(self, events: list[Event], out: list[Event]) -> None:
         for event in events:
-            if self.done:
+            if self.terminal is not None:
                 self.counters.dropped_after_terminal += 1
                 continue
-            if event.type == "turn-started":
+            kind = event.type
+            if kind == "turn-started":
                 continue
             if self._drop_model and isinstance(event, Session | TurnComplete) and event.model:
                 event = event.model_copy(update={"model": None})
             out.append(event)
             self.counters.events += 1
-            if event.terminal:
+            if kind in TERMINAL_TYPES:
                 self.terminal = event
 
     def _exit_error(self, exit: ExitInfo) -> SessionError:
