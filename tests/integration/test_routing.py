@@ -148,7 +148,9 @@ def test_turn_no_worker_took_is_sent_again_and_runs_once(
     wait_for(lambda: resent in _reap(env), timeout=10, interval=0.3, what=resent)
     queue = f"{env.prefix}.stdio-json"
     assert env.redis().llen(queue) == (1 if message_lost else 2)  # the copies really exist
-    worker = start_worker(env)
+    # The worker's own reaper keeps the default window: its first pass, at start, must not
+    # add a third copy of a turn still queued (harmless, but not what is counted here).
+    worker = start_worker(env, HARNESS_RESEND_AFTER_S="300")
     workers.append(worker)
     terminal = client.wait(run_id, 1, timeout=30)
     assert terminal.type == "turn-complete"
