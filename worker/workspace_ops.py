@@ -133,9 +133,7 @@ def _rewind(
             writer.fail(f"run {run_id} is {status}: a rewind needs an idle run")
             return "refused:rewind"
         summary = work.store.restore(work.path, turn, work.uid, work.gid, as_turn=last_turn)
-        pipe = deps.redis.pipeline(transaction=False)
-        pipe.execute_command("RPUSH", deps.keys.rewinds(run_id), encode_rewind(summary))
-        pipe.execute()
+        deps.redis.rpush(deps.keys.rewinds(run_id), encode_rewind(summary))
         deps.store.update(run_id, snapshot=summary.snapshot)
     finally:
         deps.redis.delete(lock)
