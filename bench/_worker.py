@@ -54,7 +54,7 @@ def _scope_docker(scope: str) -> None:
 
     def make_sandbox(backend: str, settings: Settings) -> Sandbox:
         if backend == "docker":
-            from sandbox.docker import DockerSandbox
+            from sandbox.docker.sandbox import DockerSandbox
 
             root = Path(settings.workspace_root) / "docker"
             sandbox: Sandbox = DockerSandbox(

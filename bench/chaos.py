@@ -513,7 +513,7 @@ def owner_pid(owner: str | None) -> int | None:
 
 
 def workspace(cluster: Cluster, host: Host, run_id: str) -> Path:
-    """A run's workspace on ``host`` (sandbox/docker.py: ``<root>/docker/run/<run_id>``)."""
+    """A run's workspace on ``host`` (sandbox/docker/sandbox.py: ``<root>/docker/run/<run_id>``)."""
     return cluster.workspace_root(host) / "docker" / "run" / run_id
 
 

@@ -9,7 +9,7 @@ import subprocess
 import time
 from typing import Any
 
-from sandbox.docker_stream import STDOUT, RawEndpoint, frames, open_exec_stream
+from sandbox.docker.stream import STDOUT, RawEndpoint, frames, open_exec_stream
 
 HOME = "/workspace/.home"
 

@@ -33,7 +33,7 @@ def local_output(argv: list[str], stdin: bytes) -> Iterator[bytes]:
 
 def docker_output(container: str, argv: list[str], stdin: bytes) -> Iterator[bytes]:
     from bench.docker_raw import HOME, RawDocker
-    from sandbox.docker_stream import STDOUT, frames, open_exec_stream
+    from sandbox.docker.stream import STDOUT, frames, open_exec_stream
 
     raw = RawDocker()
     try:

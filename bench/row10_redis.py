@@ -41,8 +41,8 @@ from bench.stats import mib, p50
 from bench.table import Figure, RowResult
 from bench.worker import ROOT, demo_executable, make_env, start_worker
 from config import Settings
-from worker.keys import Keys
-from worker.publisher import SCRIPT_MIN, RedisStreamPublisher
+from worker.store.keys import Keys
+from worker.store.publisher import SCRIPT_MIN, RedisStreamPublisher
 
 TARGET_RATIO = 1.5
 TUNED = {"hash-max-listpack-value": "1024", "stream-node-max-bytes": "1024"}

@@ -88,7 +88,7 @@ def docker_split(bench: Bench, run_id: str, turns: int) -> dict[str, list[float]
     wrapper-like shell."""
     from bench.docker_raw import RawDocker
     from sandbox.base import ExecSpec, RunSpec
-    from sandbox.docker import DockerSandbox
+    from sandbox.docker.sandbox import DockerSandbox
 
     sandbox = DockerSandbox(bench.tmp / "split", scope=bench.env.scope)
     spec = RunSpec(run_id=run_id, image="harness-worker/demo:1", network="none")

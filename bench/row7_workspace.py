@@ -18,8 +18,8 @@ from pathlib import Path
 from bench.context import Bench
 from bench.stats import p50, percentile
 from bench.table import Figure, RowResult
-from sandbox.seeding import ArchiveLimits, seed_from_archive
-from sandbox.snapshots import SnapshotStore
+from sandbox.store.seeding import ArchiveLimits, seed_from_archive
+from sandbox.store.snapshots import SnapshotStore
 
 SIZES = {"full": (10_000, 15), "quick": (10_000, 7), "smoke": (300, 3)}
 """Profile -> (files in the tree, repeats of each measure)."""

@@ -2,7 +2,7 @@
 of text and usage events published to a real Redis stream through the worker's own
 ``Publishing`` with a run budget (every event goes past the guard) against the same without
 one (target: at least 0.95x the events per second). And the cost of taking and giving back a
-concurrency slot of an API key per turn (the Lua call of ``worker.slots`` on a real Redis)
+concurrency slot of an API key per turn (the Lua call of ``worker.spend.slots`` on a real Redis)
 against a bare Redis round trip (target: under 2 ms p50). Both alternate within each repeat,
 so drift on a shared machine hits both alike. Needs Redis, no worker and no Docker."""
 
@@ -21,14 +21,14 @@ from bench.stats import p50
 from bench.table import Figure, RowResult
 from bench.worker import REDIS_URL, delete_keys
 from config import load_settings
-from worker import slots
-from worker.attempt import Publishing
-from worker.budgets import Guard
-from worker.keys import Keys, SyncRedis
-from worker.publisher import RedisStreamPublisher
-from worker.records import RunRecord, RunStore
-from worker.spec import RunOptions, TurnPayload
-from worker.turn_deps import Shutdown, TurnDeps
+from worker.options.spec import RunOptions, TurnPayload
+from worker.spend import slots
+from worker.spend.budgets import Guard
+from worker.store.keys import Keys, SyncRedis
+from worker.store.publisher import RedisStreamPublisher
+from worker.store.records import RunRecord, RunStore
+from worker.turn.attempt import Publishing
+from worker.turn.deps import Shutdown, TurnDeps
 
 SIZES = {"full": (200_000, 7, 2000), "quick": (50_000, 5, 500), "smoke": (2_000, 2, 50)}
 """Profile -> (events per stream, repeats, slot acquisitions)."""

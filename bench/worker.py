@@ -32,7 +32,7 @@ import redis
 from bench.proc_status import memory_bytes, status_field
 from config import Settings, load_settings
 from worker.client import HarnessClient
-from worker.keys import Keys
+from worker.store.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("HARNESS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -266,13 +266,13 @@ def start_worker(env: IsolatedEnv, *, log_level: str = "info", **overrides: str)
     if wait_until_consuming(r, env.keys, proc):
         return worker
     worker.stop()
-    raise RuntimeError(f"worker did not become ready:\n{worker.logs()[-4000:]}")
+    raise RuntimeError(f"worker did not become ready:\n{worker.observe.logs()[-4000:]}")
 
 
 def wait_until_consuming(
     r: redis.Redis, keys: Keys, proc: subprocess.Popen[bytes], timeout_s: float = 60.0
 ) -> bool:
-    """Wait until the worker process ``proc`` beats as a consumer (worker/hosts.py): its
+    """Wait until the worker process ``proc`` beats as a consumer (worker/fleet/hosts.py): its
     queues, host queues included, are then being consumed. Raises if it exits first."""
     worker_key = keys.worker_alive(f"{socket.gethostname()}:{proc.pid}")
     deadline = time.monotonic() + timeout_s

@@ -179,7 +179,7 @@ class Settings(BaseSettings):
     """On a warm shutdown, how long in-flight turns may still run before they are stopped."""
     max_line_bytes: int = Field(8 * 1024 * 1024, gt=1024)
 
-    # Permission requests answered live (--posture ask; worker/permissions.py)
+    # Permission requests answered live (--posture ask; worker/permissions/requests.py)
     permission_ask: bool = True
     """Whether producers may start runs with ``--posture ask``."""
     permission_timeout_s: float = Field(600.0, gt=0, le=7 * 24 * 3600)

@@ -70,7 +70,7 @@ RUN set -eu; \
     ln -s /opt/harness-clis/opencode-home/.config/opencode/node_modules \
         /opt/harness-home/.config/opencode/node_modules
 
-# A run's fresh HOME is filled from this skeleton by the sandbox (sandbox/docker.py).
+# A run's fresh HOME is filled from this skeleton by the sandbox (sandbox/docker/sandbox.py).
 LABEL harness.home_skeleton=/opt/harness-home
 ENV PATH=/opt/harness-clis/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8

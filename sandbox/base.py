@@ -30,7 +30,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 NetworkPolicy = Literal["none", "bridge", "host", "egress"]
 """``egress``: only the hosts of the run's allowlist, through the egress gateway
-(:mod:`sandbox.egress`)."""
+(:mod:`sandbox.docker.egress`)."""
 
 
 class SandboxError(Exception):

@@ -28,8 +28,8 @@ from sandbox.base import (
     StartFailed,
 )
 from sandbox.chunks import ChunkQueue
-from sandbox.snapshots import SnapshotStore
 from sandbox.stdin_pipe import StdinPipe
+from sandbox.store.snapshots import SnapshotStore
 from sandbox.workspace import safe_name, workspace_dir
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The Celery app ``worker.app``, and every Celery setting we use, in this one module.
 
 Ack policy: turns are acknowledged late (after they finish) so a turn whose worker dies is
-delivered again; a redelivered turn is made harmless by ``worker.turn`` (a turn-started mark
+delivered again; a redelivered turn is made harmless by ``worker.turn.execute`` (a turn-started mark
 in Redis means the harness never runs twice, and an orphaned turn gets one ``worker-lost``
 terminal). The broker's visibility timeout is set above the longest turn a producer may ask
 for, so a slow turn is never redelivered while it still runs. Prefetch is 1 per pool slot:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
-from worker.keys import Keys
-from worker.policy import egress_config
-from worker.records import RunStore
-from worker.redis_client import redis_client
-from worker.turn_deps import Shutdown, TurnDeps
+from worker.options.policy import egress_config
+from worker.store.keys import Keys
+from worker.store.records import RunStore
+from worker.store.redis_client import redis_client
+from worker.turn.deps import Shutdown, TurnDeps
 
 _lock = threading.Lock()
 _sandboxes: dict[str, Sandbox] = {}
@@ -27,7 +27,7 @@ def make_sandbox(backend: str, settings: Settings) -> Sandbox:
 
         return LocalSandbox(root / "local")
     if backend == "docker":
-        from sandbox.docker import DockerSandbox
+        from sandbox.docker.sandbox import DockerSandbox
 
         docker_sandbox: Sandbox = DockerSandbox(
             root / "docker",

@@ -21,16 +21,7 @@ from celery.signals import (
 from adapters.events import session_error
 from config import get_settings
 from sandbox.base import SandboxError
-from worker import (
-    host_queues,
-    hosts,
-    lifecycle,
-    logs,
-    metrics,
-    runtime,
-    workspace_ops,
-    workspace_steps,
-)
+from worker import runtime
 from worker.app import app, direct_queue
 from worker.app_names import (
     TASK_END_RUN,
@@ -40,9 +31,13 @@ from worker.app_names import (
     TASK_WORKSPACE,
 )
 from worker.errors import RunNotFound
-from worker.spec import TurnPayload
-from worker.turn import execute_turn
-from worker.turn_life import TurnRef, end_unclaimed_turn
+from worker.fleet import host_queues, hosts, lifecycle
+from worker.observe import logs, metrics
+from worker.options.spec import TurnPayload
+from worker.turn.execute import execute_turn
+from worker.turn.life import TurnRef, end_unclaimed_turn
+from worker.workspace import ops as workspace_ops
+from worker.workspace import steps as workspace_steps
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +111,7 @@ def reap() -> int:
 
 @setup_logging.connect
 def _setup_logging(loglevel: int | str | None = None, **_: object) -> None:
-    """Every record, Celery's included, as one structured line (worker/logs.py)."""
+    """Every record, Celery's included, as one structured line (worker/observe/logs.py)."""
     logs.configure(get_settings().log_format, loglevel or "INFO")
 
 
@@ -140,7 +135,7 @@ def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
             time.sleep(2)
     for queue in sorted(set(deps.host_queues.values())):
         instance.app.amqp.queues.select_add(direct_queue(queue))
-    log.info("worker.host_queues", extra={"queues": deps.host_queues})
+    log.info("worker.fleet.host_queues", extra={"queues": deps.host_queues})
 
 
 @worker_ready.connect

@@ -8,7 +8,7 @@
   after the test. Reuse one placement across turns for resume tests.
 - ``run_live_turn(harness_id, request, *, placement=None, secrets=None, timeout=120)``: one
   turn through the adapter, the local sandbox and the worker's own read loop
-  (``worker.attempt.drive``, the stream driver under it); returns a :class:`LiveTurn`.
+  (``worker.turn.attempt.drive``, the stream driver under it); returns a :class:`LiveTurn`.
 - ``api_error`` (parametrised): each of the fake API's error scenarios in turn, as an
   :class:`ApiError` that says how a turn meeting it must end.
 
@@ -47,10 +47,10 @@ from sandbox.base import Chunk, ExecSpec, Placement, Process, RunSpec  # noqa: E
 from sandbox.local import LocalSandbox  # noqa: E402
 from tests.fakemodel import RETRY_AFTER_S, FakeModelServer, RecordedRequest  # noqa: E402
 from tests.fakemodel.clis import FAKE_KEY  # noqa: E402
-from worker import attempt  # noqa: E402
-from worker.keys import Keys  # noqa: E402
-from worker.policy import fit_request  # noqa: E402
-from worker.publisher import RedisStreamPublisher  # noqa: E402
+from worker.options.policy import fit_request  # noqa: E402
+from worker.store.keys import Keys  # noqa: E402
+from worker.store.publisher import RedisStreamPublisher  # noqa: E402
+from worker.turn import attempt  # noqa: E402
 
 #: Granted secrets a turn gets when the test passes none: the variables each CLI (or the
 #: config its adapter writes) reads its API key from, all set to a fake key.
@@ -304,8 +304,8 @@ def run_live_turn(
     ``secrets`` (default: :data:`DEFAULT_SECRETS` for the harness) are added to
     ``granted_env``. A bare executable name in the command's argv is resolved to the
     installed CLI (fixture ``clis``, installed on first need). The request is fitted to the
-    adapter's capabilities as the worker fits it (``worker.policy.fit_request``). The process
-    runs with stdin as the command says and is read by ``worker.attempt.drive``, as a
+    adapter's capabilities as the worker fits it (``worker.options.policy.fit_request``). The process
+    runs with stdin as the command says and is read by ``worker.turn.attempt.drive``, as a
     worker reads it: until its terminal message (then :data:`EXIT_GRACE_S` to exit) or its
     streams close, or until ``timeout`` passes (then the turn ends with a ``timeout``
     session-error); it is killed on every path.
@@ -342,7 +342,7 @@ def run_live_turn(
             files=dict(command.files),
             cwd=command.cwd,
         )
-        # The worker's own read loop (worker.attempt.drive, as worker.turn runs it): the
+        # The worker's own read loop (worker.turn.attempt.drive, as worker.turn.execute runs it): the
         # stream driver fed as output arrives, events published (to an in-memory Redis),
         # the turn timed out and the process killed by the code that does it in production.
         driver = StreamDriver(adapter, turn_request)

@@ -1,5 +1,5 @@
 """``--posture ask`` live: the real CLIs against the fake model server, each permission
-request answered through Redis (``worker.permissions``) as a producer answers it.
+request answered through Redis (``worker.permissions.requests``) as a producer answers it.
 
 The fake model's ``edit`` scenario makes one shell call that writes ``agent.txt`` into the
 workspace: approved, the file exists; denied, it does not, and the turn still ends with
@@ -34,9 +34,10 @@ from tests.conformance.conftest import (
 )
 from tests.fakemodel import FakeModelServer
 from tests.helpers import assert_one_terminal
-from worker import attempt, permissions
-from worker.keys import Keys
-from worker.publisher import Masker
+from worker.permissions import requests as permissions
+from worker.store.keys import Keys
+from worker.store.publisher import Masker
+from worker.turn import attempt
 
 ASKING = [h for h in adapters.HARNESS_IDS if adapters.get(h).CAPABILITIES.permission_ask]
 LIVE = [h for h in ASKING if h != "stdio-json"]

@@ -2,7 +2,7 @@
 
 One deployment per pytest process (so per xdist worker): its own key prefix (and so its own
 queues, run keys and container scope), its own worker process on the Docker sandbox with
-network ``egress`` (its own egress network and gateway, sandbox/egress.py), and its own fake
+network ``egress`` (its own egress network and gateway, sandbox/docker/egress.py), and its own fake
 model server over HTTPS on docker0's address (172.17.0.1), named ``fake-model.test`` (pinned
 by the worker's egress policy), with a certificate of a test CA that the harness image used
 here trusts (``harness-worker/clis-testca:*``, built on the CLI image). The containers reach
@@ -34,7 +34,7 @@ import docker
 import pytest
 
 from adapters.events import EVENT_TYPES, TERMINAL_TYPES
-from sandbox.gateway import remove_stale
+from sandbox.docker.gateway import remove_stale
 from tests.conftest import ROOT
 from tests.fakemodel import FakeModelServer, RecordedRequest
 from tests.fakemodel.clis import FAKE_KEY
@@ -444,7 +444,7 @@ def deployment(
 
 
 def remove_gateway(client: Any, scope: str) -> None:
-    """The deployment's egress gateway and network (sandbox/egress.py names them by scope)."""
+    """The deployment's egress gateway and network (sandbox/docker/egress.py names them by scope)."""
     with contextlib.suppress(docker.errors.APIError):
         client.containers.get(f"harness-egress-gateway-{scope}").remove(force=True)
     with contextlib.suppress(docker.errors.APIError):

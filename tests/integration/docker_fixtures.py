@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.base import Placement, RunSpec
-from sandbox.docker import DockerSandbox
+from sandbox.docker.sandbox import DockerSandbox
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = {

@@ -26,8 +26,8 @@ from sandbox.base import (
     SandboxUnavailable,
     StartFailed,
 )
-from sandbox.docker import DockerSandbox
-from sandbox.docker_exec import DockerProcess
+from sandbox.docker.execs import DockerProcess
+from sandbox.docker.sandbox import DockerSandbox
 from tests.fakemodel.clis import HARNESSES, raw_invocation
 from tests.fakemodel.server import FakeModelServer
 from tests.integration import docker_fixtures

@@ -1,6 +1,6 @@
 """The egress gateway's lifecycle on a real daemon: workers that start it at the same time get
 one gateway, it is recreated when its own settings change, and what a killed session left is
-cleared (sandbox/gateway.py)."""
+cleared (sandbox/docker/gateway.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import docker
 import pytest
 
-from sandbox.egress import LABEL_CONFIG, EgressConfig
-from sandbox.gateway import Gateway, remove_stale
+from sandbox.docker.egress import LABEL_CONFIG, EgressConfig
+from sandbox.docker.gateway import Gateway, remove_stale
 from tests.integration.docker_fixtures import ensure_images, require_docker
 
 pytestmark = [pytest.mark.docker]

@@ -28,9 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import ROOT, require
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
-from worker import doctor, logs
 from worker.app_names import TASK_REAP_HOST
+from worker.cli import doctor
 from worker.client import HarnessClient
+from worker.observe import logs
 
 SECRET = "grant-value-4f9c2e7d1b"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -195,7 +196,9 @@ def test_worker_on_a_taken_metrics_port_runs_on_without_metrics(
         workers.append(worker)
         _, terminal = run(env.client(), "still working")
         assert terminal.type == "turn-complete"
-    entries = [json.loads(line) for line in worker.logs().splitlines() if line.startswith("{")]
+    entries = [
+        json.loads(line) for line in worker.logs().splitlines() if line.startswith("{")
+    ]
     unavailable = [e for e in entries if e["event"] == "metrics.unavailable"]
     assert unavailable and unavailable[0]["port"] == port and unavailable[0]["fix"]
 
@@ -467,7 +470,7 @@ def test_doctor_reads_cli_versions_inside_the_image_and_flags_a_stale_pin(
 ) -> None:
     require_docker()
     settings = make_env(tmp_path, "redis://127.0.0.1:6379/0", HARNESS_SANDBOX="docker").settings()
-    from sandbox.docker import DockerSandbox
+    from sandbox.docker.sandbox import DockerSandbox
 
     if not DockerSandbox(tmp_path).image_exists("harness-worker/clis:1"):
         require(False, "harness-worker/clis:1 is not built (scripts/build-images)")
@@ -572,10 +575,10 @@ def test_a_probe_container_left_by_a_killed_doctor_is_removed_by_the_reaper(
     import docker as docker_sdk
     import redis
 
-    from sandbox.docker import DockerSandbox
-    from worker.keys import Keys
-    from worker.lifecycle import ReapReport, reap_sandboxes
-    from worker.records import RunStore
+    from sandbox.docker.sandbox import DockerSandbox
+    from worker.fleet.lifecycle import ReapReport, reap_sandboxes
+    from worker.store.keys import Keys
+    from worker.store.records import RunStore
 
     require_docker()
     ensure_images(["demo"])
@@ -695,7 +698,7 @@ def test_capability_table_in_the_docs_matches_the_adapters() -> None:
         0
     ]
     assert documented == doctor.capability_table(), (
-        "docs/adapters.md is out of date: paste `python -m worker.doctor --capabilities` "
+        "docs/adapters.md is out of date: paste `python -m worker.cli.doctor --capabilities` "
         "between its capabilities markers"
     )
 

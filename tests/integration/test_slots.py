@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import demo_executable
 from tests.integration.conftest import Env, WorkerProcess, make_env, start_worker
 from worker.client import HarnessClient
-from worker.slots import credential_hash
+from worker.spend.slots import credential_hash
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 
@@ -153,10 +153,10 @@ def test_the_reaper_gives_back_a_slot_held_by_a_lost_worker(
 def test_a_turn_cancelled_while_it_waits_holds_up_nobody(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker import slots
-    from worker.records import RunStore
-    from worker.spec import RunOptions, TurnPayload
-    from worker.turn_deps import Shutdown, TurnDeps
+    from worker.options.spec import RunOptions, TurnPayload
+    from worker.spend import slots
+    from worker.store.records import RunStore
+    from worker.turn.deps import Shutdown, TurnDeps
 
     monkeypatch.setenv("DEMO_TOKEN", KEY_VALUE)
     settings = env.settings(key_slots="DEMO_TOKEN=1")

@@ -20,7 +20,7 @@ _make_sandbox = runtime.make_sandbox
 
 def _scoped_sandbox(backend: str, settings: Settings) -> Sandbox:
     if backend == "docker":
-        from sandbox.docker import DockerSandbox
+        from sandbox.docker.sandbox import DockerSandbox
 
         sandbox: Sandbox = DockerSandbox(
             Path(settings.workspace_root) / "docker",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.seeding import ArchiveLimits, ArchiveRefused, extract_archive
+from sandbox.store.seeding import ArchiveLimits, ArchiveRefused, extract_archive
 from tests.unit.sandbox_snapshots.git_fixtures import GID, UID
 
 Member = tuple[str, str, bytes | str]

@@ -29,10 +29,10 @@ import docker
 import pytest
 
 from sandbox.base import RunSpec
-from sandbox.docker import DockerSandbox
-from sandbox.docker_container import container_name
-from sandbox.egress import LABEL_BASE_URL, LABEL_HARNESS, EgressConfig, Endpoint
-from sandbox.gateway import remove_stale
+from sandbox.docker.container import container_name
+from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, EgressConfig, Endpoint
+from sandbox.docker.gateway import remove_stale
+from sandbox.docker.sandbox import DockerSandbox
 from tests.integration.docker_fixtures import ensure_images
 
 pytestmark = [pytest.mark.docker]
@@ -596,7 +596,7 @@ def test_the_runs_container_is_only_on_the_egress_network(lab: Lab) -> None:
 
 def test_doctor_checks_the_gateway(lab: Lab) -> None:
     from config.settings import load_settings
-    from worker.doctor import egress_check
+    from worker.cli.doctor import egress_check
 
     settings = load_settings(
         key_prefix=lab.config.scope,

@@ -33,7 +33,7 @@ from adapters.events import EVENT_TYPES
 from adapters.protocol import ExitInfo, TurnRequest
 from adapters.stream import StreamDriver
 from config import load_settings
-from worker import cli
+from worker.cli import main as cli
 from worker.client import HarnessClient
 from worker.errors import InvalidInput, RunNotFound
 

@@ -23,9 +23,9 @@ from tests.security.conftest import start_scoped_worker
 from worker.app_names import TASK_RUN_TURN, harness_queue
 from worker.client import HarnessClient
 from worker.errors import InvalidInput
-from worker.keys import Keys
-from worker.policy import resolve, resolve_secrets
-from worker.spec import RunOptions, TurnPayload, check_run_id, new_run_id
+from worker.options.policy import resolve, resolve_secrets
+from worker.options.spec import RunOptions, TurnPayload, check_run_id, new_run_id
+from worker.store.keys import Keys
 
 pytestmark = pytest.mark.usefixtures("shipped_settings")
 
@@ -201,7 +201,7 @@ def test_every_producer_value_in_argv_is_a_whole_value_never_a_flag(harness: str
 
 def test_sandbox_refuses_files_outside_the_workspace() -> None:
     from sandbox.base import StartFailed
-    from sandbox.docker_container import files_archive
+    from sandbox.docker.container import files_archive
 
     for path in ["/workspace/../etc/passwd", "relative/x", "/etc/x", "/workspace", "/workspacex/y"]:
         with pytest.raises(StartFailed, match="refusing to write"):

@@ -25,8 +25,8 @@ from tests.integration.conftest import Env, WorkerProcess, make_env
 from tests.security.conftest import docker_vars, start_scoped_worker
 from worker.client import HarnessClient
 from worker.errors import InvalidInput
-from worker.policy import egress_allowlist, memory_bytes, resolve
-from worker.spec import RunOptions
+from worker.options.policy import egress_allowlist, memory_bytes, resolve
+from worker.options.spec import RunOptions
 
 pytestmark = pytest.mark.usefixtures("shipped_settings")
 

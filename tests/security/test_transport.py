@@ -38,8 +38,8 @@ from config import load_settings
 from tests.conftest import RABBITMQ_URL, ROOT, _rabbit_up, demo_executable, require
 from tests.integration.conftest import Env, make_env
 from tests.security.conftest import find_leaks, start_scoped_worker
-from worker.doctor import mask_url
-from worker.redis_client import redis_client
+from worker.cli.doctor import mask_url
+from worker.store.redis_client import redis_client
 
 DEMO = demo_executable()
 

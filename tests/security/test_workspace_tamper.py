@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.snapshots import SnapshotStore
+from sandbox.store.snapshots import SnapshotStore
 from tests.unit.sandbox_snapshots.git_fixtures import GID, UID, git, git_daemon, write_tree
 
 
@@ -138,7 +138,7 @@ def test_restoring_a_recorded_symlink_writes_the_link_not_through_it(tmp_path: P
 
 
 def test_a_workspace_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
-    from sandbox.snapshots import SnapshotError
+    from sandbox.store.snapshots import SnapshotError
 
     root = tmp_path / "root"
     (root / "run").mkdir(parents=True)

@@ -15,11 +15,11 @@ from adapters.events import SessionError, session_error
 from config import load_settings
 from tests.unit import test_execute_turn
 from tests.unit.test_execute_turn import World
-from worker import budgets, parking
-from worker.attempt import UsageTotals
 from worker.errors import InvalidInput
-from worker.records import RunRecord
-from worker.spec import RunOptions, TurnPayload
+from worker.options.spec import RunOptions, TurnPayload
+from worker.spend import budgets, parking
+from worker.store.records import RunRecord
+from worker.turn.attempt import UsageTotals
 
 SENT: list[tuple[dict[str, Any], str, float]] = []
 
@@ -276,7 +276,7 @@ def test_a_rate_limited_turn_parks_the_run_and_its_input_is_sent_again(world: Wo
 
     # At the reset: the same input, the same session, and the run goes on.
     resent = TurnPayload.model_validate({**payload, "not_before": time.time() - 0.1})
-    from worker.turn import execute_turn
+    from worker.turn.execute import execute_turn
 
     assert execute_turn(world.deps, resent) == "completed"
     (session,) = [d for _, k, d in world.events(run_id, 2) if k == "session"]
@@ -289,7 +289,7 @@ def test_a_copy_delivered_before_the_reset_is_sent_on_not_run(world: World) -> N
     run_id = world.run()
     world.turn(run_id, "@limit 1 rate-limited 30\n@complete ok")
     ((payload, _, _),) = SENT
-    from worker.turn import execute_turn
+    from worker.turn.execute import execute_turn
 
     early = TurnPayload.model_validate(payload)
     assert execute_turn(world.deps, early) == "deferred"
@@ -364,8 +364,8 @@ def test_the_spend_timing_table_in_the_docs_matches_the_adapters() -> None:
 def test_follow_shows_a_park_and_a_budget_stop_for_a_person() -> None:
     import io
 
+    from worker.cli.render import Renderer, parked_text, slot_text
     from worker.client import StreamEvent
-    from worker.render import Renderer, parked_text, slot_text
 
     now = time.time()
     text = parked_text({"resume_at": now + 90, "reason": "quota", "next_turn": 4}, now)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from adapters import HARNESS_IDS
-from worker import cli
+from worker.cli import main as cli
 from worker.client import StreamEvent
 from worker.errors import InvalidInput, RunNotFound
-from worker.spec import _EXPECTED_FORM, RunOptions, parse_options
+from worker.options.spec import _EXPECTED_FORM, RunOptions, parse_options
 
 RUN_ID = "r" + "b" * 24
 

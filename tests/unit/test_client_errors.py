@@ -21,9 +21,9 @@ from bench.private_redis import PrivateRedis
 from bench.worker import IsolatedEnv, delete_keys, make_env
 from config import load_settings
 from tests.conftest import ROOT
-from worker import cli
+from worker.cli import main as cli
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
-from worker.policy import check_input
+from worker.options.policy import check_input
 
 SETTINGS = load_settings()
 

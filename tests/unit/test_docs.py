@@ -11,19 +11,20 @@ from pathlib import Path
 import pytest
 
 from adapters import events
-from worker import cli, records
+from worker.cli import main as cli
+from worker.store import records
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS_MD = ROOT / "docs" / "events.md"
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 
 STATUS_ONLY_FIELDS = {"credential_live", "waiting_for_worker"}
-"""Fields ``harness status`` adds to the stored record (worker/client.py ``status``)."""
+"""Fields ``harness status`` adds to the stored record (worker/client/harness.py ``status``)."""
 NOT_SETTINGS = {
     "HARNESS_TURN": "adapters/stdio_json.py",  # given to a stdio-json harness
     "HARNESS_RESUME_SESSION": "adapters/stdio_json.py",
     "HARNESS_POSTURE": "adapters/stdio_json.py",  # --posture ask
-    "HARNESS_RUN_TOKEN": "worker/credentials.py",  # the per-run credential a harness gets
+    "HARNESS_RUN_TOKEN": "worker/store/credentials.py",  # the per-run credential a harness gets
     "HARNESS_ID": "adapters/stdio_json.py",  # an adapter's constant
     "HARNESS_DOCKER2_BRIDGE_CIDR": "scripts/second-dockerd",
     "HARNESS_BENCH_REDIS_URL": "bench/worker.py",
@@ -91,7 +92,7 @@ def test_every_run_record_field_is_documented_and_no_other() -> None:
 
 
 def test_record_options_list_every_run_option() -> None:
-    from worker.spec import RunOptions
+    from worker.options.spec import RunOptions
 
     rows = table_rows(section(EVENTS_MD.read_text(), "record-fields"))
     options = next(row for row in rows if ticked(row[0]) == ["options"])

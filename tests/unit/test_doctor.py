@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from config import load_settings
-from worker import doctor
-from worker.doctor import Check, collect, mask_url, run_doctor, settings_checks
+from worker.cli import doctor
+from worker.cli.doctor import Check, collect, mask_url, run_doctor, settings_checks
 
 CLOSED = "redis://:sekrit-pw@127.0.0.1:1/0"
 NO_DAEMON = "unix:///nonexistent/docker.sock"

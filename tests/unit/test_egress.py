@@ -1,12 +1,12 @@
 """The egress gateway's pure parts: endpoints, allowlists, squid's configuration, the parsing of
-its log into denials (sandbox/egress.py). The gateway itself is tested live in
+its log into denials (sandbox/docker/egress.py). The gateway itself is tested live in
 tests/security/test_egress.py and tests/e2e/test_egress.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandbox.egress import (
+from sandbox.docker.egress import (
     PRIVATE_RANGES,
     EgressConfig,
     Endpoint,
@@ -153,8 +153,8 @@ def test_runs_get_the_proxy_variables_and_keep_loopback_local() -> None:
 
 
 def test_status_shows_the_network_and_the_allowlist() -> None:
-    from worker.records import RunRecord
-    from worker.render import record_rows
+    from worker.cli.render import record_rows
+    from worker.store.records import RunRecord
 
     record = RunRecord(
         run_id="r" + "0" * 24,
@@ -173,7 +173,7 @@ def test_status_shows_the_network_and_the_allowlist() -> None:
 def test_denials_are_counted_by_harness_and_rule() -> None:
     from prometheus_client import REGISTRY
 
-    from worker import metrics
+    from worker.observe import metrics
 
     def count(rule: str) -> float:
         value = REGISTRY.get_sample_value(

@@ -1,4 +1,4 @@
-"""worker.turn.execute_turn without Celery: fakeredis, LocalSandbox and the demo harness."""
+"""worker.turn.execute.execute_turn without Celery: fakeredis, LocalSandbox and the demo harness."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import redis
 import adapters
 from config import Settings, load_settings
 from sandbox.local import LocalSandbox
-from worker.keys import Keys
-from worker.records import RunStore
-from worker.spec import RunOptions, TurnPayload, new_run_id
-from worker.turn import Shutdown, TurnDeps, execute_turn
+from worker.options.spec import RunOptions, TurnPayload, new_run_id
+from worker.store.keys import Keys
+from worker.store.records import RunStore
+from worker.turn.execute import Shutdown, TurnDeps, execute_turn
 
 DEMO = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
 PREFIX = "tt"
@@ -497,7 +497,7 @@ def test_an_error_of_the_worker_ends_the_turn_as_internal_and_keeps_the_run(
 
 
 def test_a_claim_whose_reply_was_lost_is_recognised_by_its_retry(world: World) -> None:
-    from worker.turn_life import TurnLife
+    from worker.turn.life import TurnLife
 
     run_id = world.run()
     first = TurnLife(world.deps, run_id, 1, "stdio-json")
@@ -508,7 +508,7 @@ def test_a_claim_whose_reply_was_lost_is_recognised_by_its_retry(world: World) -
 
 
 def test_patience_is_one_budget_for_the_whole_turn() -> None:
-    from worker.turn_life import Patience
+    from worker.turn.life import Patience
 
     patience = Patience(budget_s=1.0)
     calls = [0]
@@ -527,7 +527,7 @@ def test_patience_is_one_budget_for_the_whole_turn() -> None:
 
 
 def test_a_second_delivery_to_the_process_holding_the_turn_is_a_duplicate(world: World) -> None:
-    from worker.turn_life import TurnLife
+    from worker.turn.life import TurnLife
 
     run_id = world.run()
     holder = TurnLife(world.deps, run_id, 1, "stdio-json")
@@ -539,7 +539,7 @@ def test_a_second_delivery_to_the_process_holding_the_turn_is_a_duplicate(world:
 
 
 def test_one_unreadable_run_does_not_stop_the_reaper_for_the_others(world: World) -> None:
-    from worker.lifecycle import ReapReport, close_lost_turns
+    from worker.fleet.lifecycle import ReapReport, close_lost_turns
 
     broken, lost = world.run(), world.run()
     world.client.hset(world.keys.run(broken), "options", "{not json")

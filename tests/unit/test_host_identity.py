@@ -8,7 +8,7 @@ import pytest
 
 from config import load_settings
 from sandbox.base import SandboxUnavailable
-from worker import host_queues
+from worker.fleet import host_queues
 
 DOWN = "unix:///nonexistent/harness-docker.sock"
 

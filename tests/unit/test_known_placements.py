@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sandbox.base import Limits, Placement, RunSpec
-from sandbox.placements import KnownPlacements
+from sandbox.docker.placements import KnownPlacements
 
 
 def spec(run_id: str = "r1", **fields: object) -> RunSpec:

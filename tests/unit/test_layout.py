@@ -116,14 +116,14 @@ def test_import_check_sees_relative_and_dynamic_imports(tmp_path: Path) -> None:
 # The producer's client: the record, the stream and the queues, never the turn loop, the
 # lifecycle, the worker's runtime or Docker; and importing it changes nothing in the process.
 CLIENT_MUST_NOT_LOAD = (
-    "worker.turn",
-    "worker.attempt",
-    "worker.lifecycle",
+    "worker.turn.execute",
+    "worker.turn.attempt",
+    "worker.fleet.lifecycle",
     "worker.runtime",
     "worker.tasks",
-    "worker.host_queues",
+    "worker.fleet.host_queues",
     "adapters.stream",
-    "sandbox.docker",
+    "sandbox.docker.sandbox",
     "docker",
 )
 

@@ -1,11 +1,11 @@
-"""worker.permission_rules: a run's --allow/--deny patterns against permission requests."""
+"""worker.permissions.rules: a run's --allow/--deny patterns against permission requests."""
 
 from __future__ import annotations
 
 import pytest
 
 from adapters.asks import Ask
-from worker.permission_rules import decide, matches
+from worker.permissions.rules import decide, matches
 
 
 def ask(tool: str, command: str | None = None, value: object = None) -> Ask:

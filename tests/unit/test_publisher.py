@@ -11,9 +11,16 @@ import redis
 from redis.commands.core import Script
 
 from adapters.events import AssistantText, Event, TurnComplete, TurnStarted, Usage, parse_event
-from worker.keys import Keys
-from worker.lua import XADD_BATCH
-from worker.publisher import MASK, SCRIPT_BATCH, SCRIPT_MIN, Masker, RedisStreamPublisher, last_seq
+from worker.store.keys import Keys
+from worker.store.lua import XADD_BATCH
+from worker.store.publisher import (
+    MASK,
+    SCRIPT_BATCH,
+    SCRIPT_MIN,
+    Masker,
+    RedisStreamPublisher,
+    last_seq,
+)
 
 RUN = "r" + "b" * 24
 KEYS = Keys("t")

@@ -8,9 +8,9 @@ import fakeredis
 import pytest
 
 from worker.errors import RunBusy, RunEnded, RunNotFound
-from worker.keys import Keys
-from worker.records import CONTRACT_FIELDS, RecordChanges, RunRecord, RunStore
-from worker.spec import RunOptions
+from worker.options.spec import RunOptions
+from worker.store.keys import Keys
+from worker.store.records import CONTRACT_FIELDS, RecordChanges, RunRecord, RunStore
 
 RUN = "r" + "a" * 24
 KEYS = Keys("t")

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from worker import render
+from worker.cli import render
+from worker.cli.render import Renderer
 from worker.client import StreamEvent
-from worker.render import Renderer
 
 RUN_ID = "r" + "a" * 24
 NOW = 1_800_000_000.0
@@ -419,7 +419,7 @@ def test_record_shows_a_waiting_turn_as_a_sentence() -> None:
 
 
 def test_workspace_event_reads_as_one_line_of_what_changed() -> None:
-    from worker.render import workspace_text
+    from worker.cli.render import workspace_text
 
     changed = {
         "snapshot": "abcdef1234567890",

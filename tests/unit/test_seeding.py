@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.seeding import (
+from sandbox.store.seeding import (
     ArchiveLimits,
     ArchiveRefused,
     SeedError,
@@ -20,7 +20,7 @@ from sandbox.seeding import (
     seed_from_repo,
     take_baseline,
 )
-from sandbox.snapshots import SnapshotLimits, SnapshotStore
+from sandbox.store.snapshots import SnapshotLimits, SnapshotStore
 from tests.unit.sandbox_snapshots.git_fixtures import GID, UID, git, git_daemon, make_bare
 
 FILES = {"README.md": "hello\n", "src/app.py": "print('hi')\n", "docs/big.txt": "x" * 3000}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.snapshots import (
+from sandbox.store.snapshots import (
     ExportTooLarge,
     SnapshotLimits,
     SnapshotStore,

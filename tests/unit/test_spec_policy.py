@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from config import Settings, load_settings
 from worker.errors import InvalidInput
-from worker.policy import check_input, resolve, resolve_secrets
-from worker.spec import RunOptions, TurnPayload, check_run_id, new_run_id, parse_options
+from worker.options.policy import check_input, resolve, resolve_secrets
+from worker.options.spec import RunOptions, TurnPayload, check_run_id, new_run_id, parse_options
 
 pytestmark = pytest.mark.usefixtures("shipped_settings")
 

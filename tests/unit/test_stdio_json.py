@@ -24,7 +24,7 @@ from adapters.events import (
 from adapters.protocol import ExitInfo, TurnRequest
 from adapters.stream import StreamDriver
 from tests.helpers import assert_one_terminal
-from worker.policy import fit_request
+from worker.options.policy import fit_request
 
 DEMO = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
 
@@ -201,7 +201,7 @@ def test_build_command_refuses_missing_executable() -> None:
 
 
 def test_system_prompt_rides_in_the_input_put_there_by_the_worker() -> None:
-    # No system-prompt channel: worker.policy.fit_request moves it into the input, once.
+    # No system-prompt channel: worker.options.policy.fit_request moves it into the input, once.
     request = fit_request(_request(input="Q", system_prompt="Be brief."), stdio_json.CAPABILITIES)
     assert stdio_json.build_command(request).stdin == b"Be brief.\n\nQ"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.base import RunSpec
-from sandbox.warm_pool import ContainerPool, _clear_unused
+from sandbox.docker.warm_pool import ContainerPool, _clear_unused
 
 RUN = "r" + "c" * 24
 

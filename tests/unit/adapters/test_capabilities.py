@@ -32,8 +32,8 @@ from adapters.events import Event, Session, TurnComplete, Usage
 from adapters.protocol import Adapter, Command, ExitInfo, TurnRequest
 from config import Settings, load_settings
 from worker.errors import InvalidInput
-from worker.policy import fit_request, resolve
-from worker.spec import RunOptions
+from worker.options.policy import fit_request, resolve
+from worker.options.spec import RunOptions
 
 pytestmark = pytest.mark.usefixtures("shipped_settings")
 

@@ -1,0 +1,338 @@
+"""What a run's container is: its name, its labels, its hardened create arguments, its files.
+
+Hardening, from the :class:`~sandbox.base.RunSpec`: a non-root numeric user, every capability
+dropped, ``no-new-privileges``, a read-only root with a tmpfs ``/tmp`` owned by that user,
+pids, memory (swap included) and CPU limits, and the network policy (``none``, ``bridge``,
+``host``, or ``egress``: only the egress network, whose gateway allows the run's allowlist,
+see :mod:`sandbox.docker.egress`). Never privileged; the only host path in the container is the
+run's workspace, bind-mounted at ``/workspace`` and owned by the container user; HOME is
+``/workspace/.home``.
+The container is kept alive between turns by ``sleep infinity`` under Docker's init
+(``init=True``, which also reaps orphaned harness children).
+
+A new container is probed with one exec before it is handed out (it runs, has /bin/sh, and
+the user can write the workspace), so a broken image fails there, as StartFailed, with the
+container and a new workspace removed again. An image may name a skeleton HOME in its label
+``harness.home_skeleton`` (the CLI image pre-seeds OpenCode's provider package there, so it
+runs offline): a fresh HOME is filled from it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import posixpath
+import shutil
+import tarfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import requests.exceptions
+from docker.types import Mount
+
+from sandbox.base import (
+    ImageMissing,
+    Placement,
+    RunSpec,
+    SandboxError,
+    SandboxUnavailable,
+    StartFailed,
+)
+from sandbox.docker.egress import EgressConfig, proxy_environment
+from sandbox.docker.execs import ExecTransport, Seam
+from sandbox.docker.scripts import memory_events_argv, oom_kill_count, probe_argv
+from sandbox.workspace import make_owned_workspace, safe_name
+
+log = logging.getLogger(__name__)
+
+WORKSPACE = "/workspace"
+HOME = "/workspace/.home"
+NAME_PREFIX = "harness-run-"
+LABEL_MANAGED = "harness.managed"
+LABEL_RUN = "harness.run_id"
+LABEL_LEASE = "harness.lease_until"
+LABEL_WORKER = "harness.worker"
+LABEL_SCOPE = "harness.scope"
+LABEL_HOME_SKELETON = "harness.home_skeleton"
+"""An image label naming a directory whose contents fill a fresh HOME."""
+BUILD_HINT = "run scripts/build-images to build the harness images on this host"
+
+
+def container_name(run_id: str) -> str:
+    return NAME_PREFIX + safe_name(run_id, "run id")
+
+
+def docker_placement(run_id: str, container_id: str) -> Placement:
+    return Placement("docker", run_id, WORKSPACE, HOME, container_id=container_id)
+
+
+def parse_user(user: str) -> tuple[int, int]:
+    uid_text, _, gid_text = user.partition(":")
+    try:
+        uid = int(uid_text)
+        gid = int(gid_text) if gid_text else uid
+    except ValueError:
+        raise SandboxError(
+            f"invalid container user {user!r}: use a numeric uid or uid:gid such as 1000:1000"
+        ) from None
+    if uid == 0 or gid == 0:
+        raise SandboxError(f"refusing to run the harness as root (user {user!r})")
+    return uid, gid
+
+
+def create_args(
+    spec: RunSpec, workspace: Path, scope: str, egress: EgressConfig | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of ``containers.create`` for the run's container."""
+    labels = {
+        **{str(k): str(v) for k, v in spec.labels.items()},
+        LABEL_MANAGED: "true",
+        LABEL_RUN: spec.run_id,
+        LABEL_SCOPE: scope,
+    }
+    if spec.workspace_key:
+        labels["harness.workspace_key"] = spec.workspace_key
+    args = {
+        "image": spec.image,
+        "command": ["sleep", "infinity"],
+        "name": container_name(spec.run_id),
+        "labels": labels,
+        "working_dir": WORKSPACE,
+        "environment": {"HOME": HOME, "TMPDIR": "/tmp"},
+        "mounts": [Mount(target=WORKSPACE, source=str(workspace), type="bind")],
+        **hardened(spec),
+    }
+    if spec.network == "egress":
+        if egress is None:
+            raise SandboxError(
+                "network egress needs the egress gateway, which this sandbox is not given",
+                hint="configure HARNESS_EGRESS_* on the worker (docs/security.md)",
+            )
+        # Only the egress network; the gateway is its route out and its resolver (which
+        # answers no name: the proxy resolves them). The proxy variables are not secret.
+        args["network_mode"] = egress.network_name
+        args["dns"] = [egress.router_ip]
+        args["environment"] = {**args["environment"], **proxy_environment(egress)}
+    return args
+
+
+def hardened(spec: RunSpec) -> dict[str, Any]:
+    """How every container of ours runs (a run's, and the doctor's probe): the run's user, no
+    capabilities, no new privileges, a read-only root with a /tmp the user owns, the run's
+    limits and network, an init, a private cgroup namespace."""
+    uid, gid = parse_user(spec.user)
+    args: dict[str, Any] = {
+        "init": True,
+        "user": spec.user,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "read_only": spec.read_only_root,
+        "pids_limit": spec.limits.pids,
+        "mem_limit": spec.limits.memory,
+        "memswap_limit": spec.limits.memory,
+        "nano_cpus": int(spec.limits.cpus * 1e9),
+        "network_mode": spec.network,
+        "cgroupns": "private",
+    }
+    if spec.read_only_root:
+        # Docker here ignores mode=1777 on a tmpfs; owning it is what lets the user write.
+        args["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,uid={uid},gid={gid}"}
+    return args
+
+
+def files_archive(files: Mapping[str, str], workspace: str) -> bytes:
+    """A tar of ``files`` relative to /, after refusing any path outside the workspace."""
+    buffer = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for path, content in files.items():
+            normal = posixpath.normpath(path)
+            if (
+                not path.startswith("/")
+                or "\0" in path
+                or not normal.startswith(workspace.rstrip("/") + "/")
+            ):
+                raise StartFailed(f"refusing to write {path!r}: files go under {workspace}/")
+            data = content.encode("utf-8")
+            info = tarfile.TarInfo(normal.lstrip("/"))
+            info.size = len(data)
+            info.mode = 0o644
+            info.mtime = int(now)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def label_lease(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class RunContainers:
+    """Finds, restarts and creates runs' containers (their workspaces under ``root``), and
+    runs the helper commands a container needs: its probe, its HOME skeleton, a turn's
+    files, its out-of-memory count."""
+
+    def __init__(
+        self,
+        root: Path,
+        scope: str,
+        client: Callable[[], Any],
+        seam: Seam,
+        execs: ExecTransport,
+        egress: EgressConfig | None = None,
+    ) -> None:
+        self._egress = egress
+        self._root = root
+        self._scope = scope
+        self._client = client
+        self._seam = seam
+        self._execs = execs
+
+    def find(self, name: str) -> Any:
+        """The container of that name, or None; Docker errors are left to the caller's seam."""
+        try:
+            return self._client().containers.get(name)
+        except docker.errors.NotFound:
+            return None
+
+    def reuse(self, container: Any, spec: RunSpec) -> Placement:
+        """The run's existing container, restarted if it stopped."""
+        labels = container.labels or {}
+        if labels.get(LABEL_RUN) != spec.run_id or labels.get(LABEL_MANAGED) != "true":
+            raise SandboxError(
+                f"a container named {container.name} exists but is not run {spec.run_id}'s",
+                hint="remove it (docker rm -f) or use another run id",
+            )
+        if container.status != "running":
+            with self._seam("restart the run's container", run_id=spec.run_id):
+                try:
+                    container.start()
+                except docker.errors.APIError as exc:
+                    raise StartFailed(
+                        f"cannot restart the container of run {spec.run_id}: {exc.explanation}",
+                        hint="tear the run down and start it again",
+                    ) from exc
+        return docker_placement(spec.run_id, container.id)
+
+    def write_files(self, container: str, files: Mapping[str, str], placement: Placement) -> None:
+        """Write a turn's files (absolute paths under the workspace) as the container user."""
+        code, _, err = self._execs.run(
+            container,
+            ["tar", "-x", "-f", "-", "-C", "/"],
+            stdin=files_archive(files, placement.workspace),
+            action="write the turn's files",
+            run_id=placement.run_id,
+        )
+        if code != 0:
+            raise StartFailed(
+                f"cannot write the turn's files ({', '.join(sorted(files))}): "
+                f"{err.decode('utf-8', 'replace').strip()}"
+            )
+
+    def make_workspace(self, spec: RunSpec) -> tuple[Path, bool, bool]:
+        uid, gid = parse_user(spec.user)
+        return make_owned_workspace(self._root, spec.run_id, spec.workspace_key, uid, gid)
+
+    def create(self, spec: RunSpec) -> Placement:
+        """Create and start the run's container (and its workspace)."""
+        name = container_name(spec.run_id)
+        assert spec.image is not None
+        parse_user(spec.user)
+        client = self._client()
+        with self._seam("look up the run's image", image=spec.image):
+            try:
+                image = client.images.get(spec.image)
+            except docker.errors.ImageNotFound:
+                raise ImageMissing(
+                    f"image {spec.image} is not on this Docker host", hint=BUILD_HINT
+                ) from None
+        workspace, created_workspace, fresh_home = self.make_workspace(spec)
+        container: Any = None
+        try:
+            with self._seam("create the run's container", run_id=spec.run_id, image=spec.image):
+                try:
+                    container = client.containers.create(
+                        **create_args(spec, workspace, self._scope, self._egress)
+                    )
+                except docker.errors.APIError as exc:
+                    if exc.status_code != 409:
+                        raise
+                    # Another worker thread created it in the meantime: use that one.
+                    found = self.find(name)
+                    if found is None:
+                        raise
+                    return self.reuse(found, spec)
+                container.start()
+            self._probe(container.id)
+            skeleton = (image.labels or {}).get(LABEL_HOME_SKELETON)
+            if skeleton and fresh_home:
+                self._copy_skeleton(container.id, skeleton)
+        except BaseException as exc:
+            self._undo(container, workspace if created_workspace else None)
+            if isinstance(exc, SandboxError) and not isinstance(
+                exc, SandboxUnavailable | ImageMissing
+            ):
+                raise StartFailed(
+                    f"cannot start the container of run {spec.run_id}: {exc}",
+                    hint="check the image and the daemon log (docker logs, journalctl -u docker)",
+                ) from exc
+            raise
+        log.info(
+            "sandbox.container_created",
+            extra={"run_id": spec.run_id, "container": container.id, "image": spec.image},
+        )
+        return docker_placement(spec.run_id, container.id)
+
+    def oom_kills(self, container: str, run_id: str) -> int:
+        """The container's out-of-memory kill count (cgroup v1 or v2), 0 when unknown.
+
+        An exec'd process killed by the OOM killer leaves the container running and
+        ``State.OOMKilled`` false; only the memory cgroup remembers it.
+        """
+        try:
+            _code, out, _ = self._execs.run(
+                container, memory_events_argv(), action="read the memory cgroup", run_id=run_id
+            )
+        except SandboxError:
+            return 0
+        return oom_kill_count(out)
+
+    def _probe(self, container: str) -> None:
+        """One exec right after start: the container runs (its command did not die at once),
+        it has the /bin/sh our wrapper needs, and the user can write to the workspace."""
+        code, _, err = self._execs.run(
+            container, probe_argv(WORKSPACE, HOME), action="check the new container"
+        )
+        if code != 0:
+            reason = err.decode("utf-8", "replace").strip() or f"exit code {code}"
+            raise StartFailed(f"the new container is not usable: {reason}")
+
+    def _copy_skeleton(self, container: str, skeleton: str) -> None:
+        code, _, err = self._execs.run(
+            container,
+            ["cp", "-R", "-p", "--", skeleton.rstrip("/") + "/.", HOME + "/"],
+            action="fill HOME from the image's skeleton",
+        )
+        if code != 0:
+            raise StartFailed(
+                f"cannot copy the image's HOME skeleton {skeleton}: "
+                f"{err.decode('utf-8', 'replace').strip()}"
+            )
+
+    @staticmethod
+    def _undo(container: Any, workspace: Path | None) -> None:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                log.warning(
+                    "sandbox.cleanup_failed", extra={"container": container.id, "error": str(exc)}
+                )
+        if workspace is not None:
+            shutil.rmtree(workspace, ignore_errors=True)

@@ -1,0 +1,622 @@
+"""The record of a run's work: a snapshot of its workspace after every turn, that the agent
+cannot alter.
+
+**Where.** A bare git repository owned by the worker, ``<root>/snapshots/<run_id>``, outside
+every workspace and never mounted into a container. No git process ever runs with a
+workspace as its work tree or git directory: a snapshot reads only file contents, through
+:mod:`sandbox.store.scan` (directory descriptors, no link followed), and every git process
+is hardened (:mod:`sandbox.store.git_run`): no config, hooks or attributes from anywhere an agent
+can write; the store's ``info/attributes`` neutralises any ``.gitattributes`` in a tree.
+
+**Refs and numbering.** ``refs/turns/<N>`` is the workspace after turn N (turn 0: the
+baseline, after seeding or of the initial workspace). Every commit, turn or rewind, extends
+one linear chain whose tip is ``refs/harness/tip``, so history only grows and a push is
+always a fast-forward. A rewind to turn k taken after turn N is a commit restoring turn k's
+tree, recorded as ``refs/rewinds/<seq>`` (1, 2, ...; message ``rewind to turn k``); it does
+not move ``refs/turns/<N>``, which keeps meaning "after turn N". The next
+``take(turn=N+1)`` builds on the tip, so its summary is what turn N+1 changed from the
+rewound state, while ``diff(N, N+1)`` still compares the two turns' trees. Taking a turn
+number again moves its ref to the new commit. A seeded store has ``refs/harness/seed`` (the
+seed commit), the parent of turn 0.
+
+**Stat cache.** ``harness-manifest`` (marshal, worker-owned) holds the tip's manifest: path ->
+(mode, blob id, size, mtime, ctime, inode); an unchanged file is not read again. It names the
+commit it describes; if that is not the tip, the manifest is rebuilt from the tip's tree with
+every entry untrusted (every file read once).
+
+**Large files, ignore rules, bounds:** see :mod:`sandbox.store.scan`. A snapshot cut short
+by a bound still commits what it read, records no deletion (unreached paths keep their
+previous record) and says ``complete=False`` and why.
+
+Operations on one store are serialised by a lock file; different runs never share a store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import marshal
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from sandbox.base import SandboxError
+from sandbox.store.export import write_tar_gz
+from sandbox.store.git_objects import BlobReader, FastImport, ls_tree
+from sandbox.store.git_run import (
+    NEUTRAL_ATTRIBUTES,
+    GitError,
+    empty_home,
+    popen_git,
+    redact,
+    run_git,
+)
+from sandbox.store.safe_fs import SafeWriter, UnsafePath
+from sandbox.store.scan import (
+    MODE_EXEC,
+    MODE_LINK,
+    BlobSink,
+    Entry,
+    IgnoreRules,
+    ScanBounds,
+    Scanner,
+    ScanResult,
+    parse_placeholder,
+    stamp,
+)
+from sandbox.workspace import safe_name
+
+TIP = "refs/harness/tip"
+SEED = "refs/harness/seed"
+MANIFEST = "harness-manifest"
+MANIFEST_VERSION = 1
+MiB = 1024 * 1024
+PREFETCH_BYTES = 64 * MiB
+"""A rewind keeps up to this much of the blobs it read to classify, instead of reading again."""
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class SnapshotLimits:
+    """Operator bounds of one snapshot (see :mod:`sandbox.store.scan`)."""
+
+    max_file_bytes: int = 10 * MiB
+    """A file above this is recorded by SHA-256 and size, not kept."""
+    max_total_bytes: int = 2048 * MiB
+    """The sum of the sizes recorded in one snapshot."""
+    max_files: int = 200_000
+    timeout_s: float = 120.0
+    """Bounds the walk of one snapshot, and each git process a store operation starts."""
+    ignore: tuple[str, ...] = ()
+    """Patterns ignored besides ``/.home`` and ``.git`` (``/x``: from the root; ``x``: a name
+    at any depth; fnmatch syntax)."""
+
+
+@dataclass(frozen=True)
+class SnapshotSummary:
+    """What one snapshot changed against the one before it in the chain (full sorted lists)."""
+
+    turn: int
+    snapshot: str
+    added: tuple[str, ...]
+    modified: tuple[str, ...]
+    deleted: tuple[str, ...]
+    lines_added: int
+    lines_removed: int
+    large: tuple[str, ...] = ()
+    """Paths recorded by hash and size only (every large file of the snapshot)."""
+    skipped: tuple[str, ...] = ()
+    """Sockets, FIFOs, devices, entries that vanished or turned into links while read."""
+    complete: bool = True
+    note: str = ""
+    rewound_to: int | None = None
+    """Set on a rewind's summary: the turn whose tree was restored."""
+
+
+class SnapshotError(SandboxError):
+    """A snapshot operation failed; the store is unchanged unless the message says otherwise."""
+
+
+class ExportTooLarge(SnapshotError):
+    """An export would pass the ceiling it was given (named in the message)."""
+
+
+class UnknownSnapshot(SnapshotError):
+    """No snapshot of that turn in this run's store."""
+
+
+class SnapshotStore:
+    """One run's snapshot store. Creating the object touches nothing; :meth:`take` creates
+    the repository on first use."""
+
+    def __init__(self, root: Path, run_id: str, limits: SnapshotLimits = SnapshotLimits()) -> None:
+        self.root = root
+        self.run_id = safe_name(run_id, "run id")
+        self.path = root / "snapshots" / self.run_id
+        self.limits = limits
+        self.rules = IgnoreRules(limits.ignore)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return (self.path / "HEAD").is_file()
+
+    def turns(self) -> list[int]:
+        """The turns that have a snapshot, in order."""
+        if not self.exists():
+            return []
+        out = self._git(["for-each-ref", "--format=%(refname)", "refs/turns/"])
+        numbers = []
+        for line in out.decode().split():
+            tail = line.rsplit("/", 1)[-1]
+            if tail.isdigit():
+                numbers.append(int(tail))
+        return sorted(numbers)
+
+    def seed_commit(self) -> str | None:
+        """The commit the workspace was seeded from (a repository seed), else None."""
+        return self._resolve(SEED) if self.exists() else None
+
+    def commit_of(self, turn: int) -> str:
+        """The commit id of turn ``turn``; :class:`UnknownSnapshot` when there is none."""
+        commit = self._resolve(f"refs/turns/{int(turn)}")
+        if commit is None:
+            raise UnknownSnapshot(f"run {self.run_id} has no snapshot of turn {turn}")
+        return commit
+
+    # -- recording -----------------------------------------------------------------------
+
+    def take(
+        self,
+        workspace: Path,
+        turn: int,
+        message: str,
+        *,
+        fresh: Mapping[str, Entry] | None = None,
+    ) -> SnapshotSummary:
+        """Record the workspace as turn ``turn``'s snapshot and summarise what changed since
+        the previous snapshot in the chain (a rewind included).
+
+        ``fresh``: files the worker itself has just written, with nothing else writing to the
+        workspace since (a seed), their blobs already in the store (see :meth:`add_blobs`);
+        one whose stat still matches is not read again."""
+        with self._locked():
+            parent = self._resolve(TIP) or self._resolve(SEED)
+            previous = self._manifest(parent)
+            importer = FastImport(self.path, self._home())
+            try:
+                scan = self._scan(workspace, previous, importer, fresh or {})
+                current = dict(scan.entries)
+                if not scan.complete:
+                    # Unreached paths keep their previous record: nothing is deleted.
+                    current = {**previous, **current}
+                commit, changes = self._commit(
+                    importer, f"refs/turns/{int(turn)}", message, parent, previous, current
+                )
+            except (OSError, UnsafePath, GitError) as exc:
+                importer.abort()
+                raise SnapshotError(f"cannot snapshot turn {turn}: {exc}") from exc
+            self._save_manifest(commit, current, previous)
+        return self._summary(turn, commit, parent, changes, scan)
+
+    @contextlib.contextmanager
+    def add_blobs(self) -> Iterator[BlobSink]:
+        """A sink of (blob id, bytes) into the store (created if need be), for the blobs of
+        files a ``take(fresh=...)`` will name; written when the block ends without error."""
+        self.init()
+        importer = FastImport(self.path, self._home())
+        try:
+            yield importer.blob
+        except BaseException:
+            importer.abort()
+            raise
+        try:
+            importer.finish()
+        except (OSError, GitError) as exc:
+            raise SnapshotError(f"cannot store the seed's files: {exc}") from exc
+
+    def restore(
+        self, workspace: Path, turn: int, uid: int, gid: int, *, as_turn: int
+    ) -> SnapshotSummary:
+        """Make the workspace equal to turn ``turn``'s snapshot (ignored paths untouched),
+        record the result as the next rewind commit and summarise it against the state before.
+
+        ``as_turn`` is the last turn taken (the rewind happens between it and the next); the
+        summary carries it as ``turn`` and ``turn`` as ``rewound_to``. Only entries that differ
+        are removed and written (through :class:`SafeWriter`, owned by ``uid:gid``). A large
+        file comes back only if the file at its path still has the recorded hash; otherwise
+        it is left as it is, named in the note, and ``complete`` is False.
+        """
+        target_commit = self.commit_of(turn)
+        with self._locked():
+            parent = self._resolve(TIP) or self._resolve(SEED)
+            previous = self._manifest(parent)
+            target = self._tree_of(target_commit, parent, previous)
+            importer = FastImport(self.path, self._home())
+            try:
+                scan = self._scan(workspace, previous, importer)
+                if not scan.complete:
+                    raise SnapshotError(
+                        f"cannot rewind: the workspace could not be read whole ({scan.note})"
+                    )
+                current, kept = self._apply(workspace, scan, target, uid, gid)
+                seq = len(self._refs("refs/rewinds/")) + 1
+                commit, changes = self._commit(
+                    importer, f"refs/rewinds/{seq}", f"rewind to turn {turn}", parent,
+                    previous, current,
+                )  # fmt: skip
+            except (OSError, UnsafePath, GitError) as exc:
+                importer.abort()
+                raise SnapshotError(f"cannot rewind to turn {turn}: {exc}") from exc
+            except SnapshotError:
+                importer.abort()
+                raise
+            self._save_manifest(commit, current, previous)
+        note = f"not restored (large file content not kept): {', '.join(kept)}" if kept else ""
+        result = ScanResult(
+            entries=current,
+            large=sorted(p for p, e in current.items() if e.large),
+            complete=not kept,
+            note=note,
+        )
+        summary = self._summary(as_turn, commit, parent, changes, result)
+        return _with_rewind(summary, turn)
+
+    # -- getting work out ----------------------------------------------------------------
+
+    def diff(self, from_turn: int, to_turn: int) -> Iterator[bytes]:
+        """The unified diff from turn ``from_turn``'s snapshot to ``to_turn``'s, in chunks.
+        Binary files are named (``Binary files a/x and b/x differ``), never dumped."""
+        old, new = self.commit_of(from_turn), self.commit_of(to_turn)
+        return self._stream_diff(old, new)
+
+    def _stream_diff(self, old: str, new: str) -> Iterator[bytes]:
+        args = [
+            "diff-tree", "-p", "-r", "--no-renames", "--no-ext-diff", "--no-textconv",
+            "--no-color", old, new,
+        ]  # fmt: skip
+        proc = popen_git(self.path, args, home=self._home())
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            while chunk := proc.stdout.read(65536):
+                yield chunk
+            if proc.wait(timeout=self.limits.timeout_s) != 0:
+                tail = proc.stderr.read().decode("utf-8", "replace")[-500:]
+                raise SnapshotError(f"cannot diff: {tail}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+
+    def export(self, turn: int, out: BinaryIO, max_bytes: int) -> int:
+        """Write turn ``turn``'s tree as a tar.gz to ``out``; the bytes written. Refused with
+        :class:`ExportTooLarge`, before anything is written, when the files' total size passes
+        ``max_bytes``."""
+        commit = self.commit_of(turn)
+        home = self._home()
+        tree = ls_tree(self.path, commit, home, self.limits.timeout_s)
+        total = sum(e.size for e in tree.values())
+        if total > max_bytes:
+            raise ExportTooLarge(
+                f"the workspace after turn {turn} holds {total} bytes, "
+                f"above the export ceiling of {max_bytes} bytes"
+            )
+        when = int(self._git(["show", "-s", "--format=%ct", commit]).decode().strip() or 0)
+        try:
+            return write_tar_gz(tree, self.path, home, out, when)
+        except (OSError, GitError) as exc:
+            raise SnapshotError(f"cannot export turn {turn}: {exc}") from exc
+
+    def push(self, url: str, branch: str, turn: int, env: Mapping[str, str]) -> None:
+        """Push turn ``turn``'s commit to ``refs/heads/<branch>`` of ``url``. Credentials only
+        through ``env`` (see :func:`sandbox.store.seeding.git_auth_env`); never argv."""
+        commit = self.commit_of(turn)
+        safe_branch = _branch(branch, self._home())
+        try:
+            run_git(
+                self.path,
+                ["push", "--quiet", "--no-verify", url, f"{commit}:refs/heads/{safe_branch}"],
+                home=self._home(),
+                extra_env=env,
+                timeout_s=self.limits.timeout_s,
+            )
+        except GitError as exc:
+            raise SnapshotError(redact(str(exc), env)) from exc
+
+    def remove(self) -> None:
+        """Delete the store (the run's record); absent is fine."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def init(self) -> None:
+        """Create the bare repository if it does not exist yet."""
+        if self.exists():
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        run_git(None, ["init", "--bare", "--quiet", str(self.path)], home=self._home())
+        (self.path / "info").mkdir(exist_ok=True)
+        (self.path / "info" / "attributes").write_text(NEUTRAL_ATTRIBUTES)
+        for key, value in (("gc.auto", "0"), ("core.logAllRefUpdates", "false")):
+            self._git(["config", key, value])
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.path / "hooks")
+
+    def _home(self) -> Path:
+        return empty_home(self.root / "snapshots")
+
+    def _git(self, args: list[str], **kwargs: object) -> bytes:
+        return run_git(
+            self.path, args, home=self._home(), timeout_s=self.limits.timeout_s,
+            **kwargs,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    def _resolve(self, ref: str) -> str | None:
+        if not self.exists():
+            return None
+        # The store is the worker's and every ref in it points at a commit it wrote: a loose
+        # ref is read as a file (a git process costs more than the rest of a small snapshot);
+        # anything else (packed, symbolic, absent) is left to git.
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            text = (self.path / ref).read_text().strip()
+            if _OBJECT_ID.fullmatch(text):
+                return text
+        try:
+            out = self._git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"])
+        except GitError:
+            return None
+        return out.decode().strip() or None
+
+    def _refs(self, prefix: str) -> list[str]:
+        if not (self.path / "packed-refs").exists():
+            # Every ref is loose (gc and pack-refs never run on a store): list the files.
+            with contextlib.suppress(FileNotFoundError):
+                folder = self.path / prefix
+                return [prefix + name for name in os.listdir(folder) if (folder / name).is_file()]
+            return []
+        return self._git(["for-each-ref", "--format=%(refname)", prefix]).decode().split()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.init()
+        with open(self.path / "harness.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _manifest(self, commit: str | None) -> dict[str, Entry]:
+        if commit is None:
+            return {}
+        try:
+            described = (self.path / f"{MANIFEST}.commit").read_text()
+            data = marshal.loads((self.path / MANIFEST).read_bytes())
+            if data.get("version") == MANIFEST_VERSION and described == commit:
+                make = tuple.__new__  # 10,000s of entries: skip NamedTuple's __new__
+                return {path: make(Entry, fields) for path, fields in data["entries"].items()}
+        except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError):
+            # No manifest, or one of another commit: rebuilt from the tree below.
+            pass
+        tree = ls_tree(self.path, commit, self._home(), self.limits.timeout_s)
+        entries: dict[str, Entry] = {}
+        with BlobReader(self.path, self._home()) as blobs:
+            for path, item in tree.items():
+                size = item.size
+                large = False
+                if item.size < 200 and item.mode != MODE_LINK:
+                    parsed = parse_placeholder(blobs.read(item.oid))
+                    if parsed is not None:
+                        large, size = True, parsed[1]
+                entries[path] = Entry(item.mode, item.oid, size, large=large)
+        return entries
+
+    def _tree_of(
+        self, commit: str, tip: str | None, tip_entries: Mapping[str, Entry]
+    ) -> dict[str, tuple[str, str]]:
+        """``commit``'s tree, path -> (mode, blob id): the tip's manifest (its exact tree)
+        changed by ``git diff-tree`` from the tip, which reads only the subtrees that differ
+        (listing every blob with ``ls-tree -r -l`` costs a size lookup per file)."""
+        if tip is None:
+            return {p: (e.mode, e.oid) for p, e in ls_tree(
+                self.path, commit, self._home(), self.limits.timeout_s
+            ).items()}  # fmt: skip
+        tree = {path: (entry[0], entry[1]) for path, entry in tip_entries.items()}
+        args = ["diff-tree", "-r", "-z", "--no-renames", "--no-textconv", tip, commit]
+        fields = self._git(args).split(b"\0")
+        for meta, raw_path in zip(fields[0:-1:2], fields[1::2], strict=True):
+            _, new_mode, _, new_oid, status = meta.split(b" ")
+            path = raw_path.decode("utf-8", "surrogateescape")
+            if status == b"D" or new_mode == b"160000":  # gitlinks are not restored
+                tree.pop(path, None)
+            else:
+                tree[path] = (new_mode.decode(), new_oid.decode())
+        return tree
+
+    def _save_manifest(
+        self, commit: str, entries: Mapping[str, Entry], previous: Mapping[str, Entry]
+    ) -> None:
+        """The manifest, and in a small file of its own the commit it describes (an unchanged
+        snapshot rewrites only that)."""
+        pointer = self.path / f"{MANIFEST}.commit"
+        pointer.unlink(missing_ok=True)  # never a new commit named next to an old manifest
+        if entries != previous or not (self.path / MANIFEST).exists():
+            data = {
+                "version": MANIFEST_VERSION,
+                "entries": {path: tuple(entry) for path, entry in entries.items()},
+            }
+            temporary = self.path / f"{MANIFEST}.tmp"
+            temporary.write_bytes(marshal.dumps(data))
+            temporary.replace(self.path / MANIFEST)
+        temporary = self.path / f"{MANIFEST}.commit.tmp"
+        temporary.write_text(commit)
+        temporary.replace(pointer)
+
+    def _scan(
+        self,
+        workspace: Path,
+        previous: Mapping[str, Entry],
+        sink: FastImport,
+        fresh: Mapping[str, Entry] | None = None,
+    ) -> ScanResult:
+        limits = self.limits
+        bounds = ScanBounds(
+            limits.max_file_bytes,
+            limits.max_total_bytes,
+            limits.max_files,
+            time.monotonic() + limits.timeout_s,
+        )
+        return Scanner(previous, bounds, self.rules, sink.blob, fresh or {}).scan(workspace)
+
+    def _commit(
+        self,
+        importer: FastImport,
+        ref: str,
+        message: str,
+        parent: str | None,
+        previous: Mapping[str, Entry],
+        current: Mapping[str, Entry],
+    ) -> tuple[str, _Changes]:
+        changes = _Changes.between(previous, current)
+        modifies = [(p, current[p].mode, current[p].blob) for p in changes.added + changes.modified]
+        commit = importer.commit(
+            ref, message, parent, changes.deleted, modifies, int(time.time()), extra_refs=(TIP,)
+        )
+        return commit, changes
+
+    def _apply(
+        self,
+        workspace: Path,
+        scan: ScanResult,
+        target: Mapping[str, tuple[str, str]],
+        uid: int,
+        gid: int,
+    ) -> tuple[dict[str, Entry], list[str]]:
+        """Change the workspace from ``scan`` to ``target``: (the resulting manifest, large
+        files that could not be restored)."""
+        have = scan.entries
+        result: dict[str, Entry] = {}
+        kept: set[str] = set()
+        wanted: dict[str, tuple[str, str]] = {}
+        fetched: dict[str, bytes] = {}
+        budget = PREFETCH_BYTES
+        home = self._home()
+        with BlobReader(self.path, home) as blobs, SafeWriter(workspace, uid, gid) as writer:
+            for path, item in target.items():
+                old = have.get(path)
+                if old is not None and old[0] == item[0] and old[1] == item[1]:
+                    result[path] = old
+                    continue
+                if self.rules.ignored_path(path):
+                    continue
+                if item[0] != MODE_LINK:
+                    # Whether it is a large file's placeholder (its content never kept).
+                    data = blobs.read(item[1])
+                    if len(data) < 200 and parse_placeholder(data) is not None:
+                        kept.add(path)  # leave what is there
+                        if old is not None:
+                            result[path] = old
+                        continue
+                    if len(data) <= budget:
+                        fetched[item[1]] = data
+                        budget -= len(data)
+                wanted[path] = item
+            for path in scan.skipped:
+                writer.remove(path)
+            for path in sorted(have, reverse=True):
+                if path not in result and path not in kept:
+                    writer.remove(path)
+            target_dirs = {p.rsplit("/", 1)[0] for p in wanted if "/" in p}
+            target_dirs |= {d for p in list(target_dirs) for d in _ancestors(p)}
+            for directory in sorted(scan.dirs, reverse=True):
+                if directory not in target_dirs:
+                    writer.remove_empty_dir(directory)
+            for path in sorted(wanted):
+                mode, oid = wanted[path]
+                link = mode == MODE_LINK
+                data = fetched[oid] if not link and oid in fetched else blobs.read(oid)
+                writer.remove(path)  # whatever appeared there since the scan
+                if link:
+                    st = writer.symlink(path, data.decode("utf-8", "surrogateescape"))
+                else:
+                    st = writer.write_file(path, (data,), mode == MODE_EXEC)
+                # Untrusted: written just now, a change in the same tick would look the same.
+                result[path] = Entry(mode, oid, len(data), *stamp(st))
+        return result, sorted(kept)
+
+    def _summary(
+        self,
+        turn: int,
+        commit: str,
+        parent: str | None,
+        changes: _Changes,
+        scan: ScanResult,
+    ) -> SnapshotSummary:
+        added_lines = removed_lines = 0
+        if changes.any():
+            args = ["diff-tree", "-r", "--numstat", "-z", "--no-renames", "--no-textconv"]
+            args += [parent, commit] if parent else ["--root", commit]
+            for record in self._git(args).split(b"\0"):
+                fields = record.split(b"\t")
+                if len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit():
+                    added_lines += int(fields[0])
+                    removed_lines += int(fields[1])
+        return SnapshotSummary(
+            turn=turn,
+            snapshot=commit,
+            added=tuple(changes.added),
+            modified=tuple(changes.modified),
+            deleted=tuple(changes.deleted),
+            lines_added=added_lines,
+            lines_removed=removed_lines,
+            large=tuple(sorted(scan.large)),
+            skipped=tuple(sorted(scan.skipped)),
+            complete=scan.complete,
+            note=scan.note,
+        )
+
+
+@dataclass(frozen=True)
+class _Changes:
+    added: list[str]
+    modified: list[str]
+    deleted: list[str]
+
+    @classmethod
+    def between(cls, previous: Mapping[str, Entry], current: Mapping[str, Entry]) -> _Changes:
+        added, modified = [], []
+        for path, entry in current.items():
+            old = previous.get(path)
+            if old is None:
+                added.append(path)
+            elif (old.mode, old.blob) != (entry.mode, entry.blob):
+                modified.append(path)
+        deleted = [p for p in previous if p not in current]
+        return cls(sorted(added), sorted(modified), sorted(deleted))
+
+    def any(self) -> bool:
+        return bool(self.added or self.modified or self.deleted)
+
+
+def _ancestors(directory: str) -> list[str]:
+    parts = directory.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _with_rewind(summary: SnapshotSummary, turn: int) -> SnapshotSummary:
+    return replace(summary, rewound_to=turn)
+
+
+def _branch(name: str, home: Path) -> str:
+    """A branch name git accepts and that cannot be read as an option or a refspec."""
+    if name.startswith("-") or ":" in name:
+        raise SnapshotError(f"invalid branch name {name!r}")
+    try:
+        run_git(None, ["check-ref-format", "--branch", name], home=home, timeout_s=10)
+    except GitError as exc:
+        raise SnapshotError(f"invalid branch name {name!r}") from exc
+    return name

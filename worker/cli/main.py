@@ -1,0 +1,631 @@
+"""The ``harness`` command (CONTRACT.md, "Command line")."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import adapters
+from adapters import HARNESS_IDS
+from config import SettingsError
+from worker.cli import permissions as cli_permissions
+from worker.cli import spend as cli_spend
+from worker.cli import workspace as cli_workspace
+from worker.cli.render import Renderer
+from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
+from worker.options.policy import not_utf8
+
+EXIT_STATUSES = f"""\
+exit status:
+  0    done (with --follow: the turn completed; without: the turn was accepted)
+  1    the turn failed, the run is unknown, or Redis or the broker cannot be reached
+       (reap: a sandbox backend could not be asked; doctor: a check failed)
+  2    bad usage, or refused: invalid input (text that is not UTF-8 included), unknown
+       harness, beyond operator policy, a turn already in flight, the run has ended
+  {TurnWaitTimeout.exit_code}  --wait: no worker started the turn in time (the turn stays queued)
+  130  interrupted (Ctrl-C); a followed turn goes on
+
+With --follow, a turn that no live worker takes is said to wait (on stderr; with --json, a
+{{"notice": "waiting", ...}} line) and followed until a worker starts it. `events --follow`
+ends when the run ends (status ended or failed) or its keys are gone. `events --follow` and
+the follow of run and turn ride out a Redis outage, resuming after the last event seen.
+"""
+RETRY_S = 1.0
+"""How often a follow tries Redis again during an outage."""
+RUN_CHECK_S = 1.0
+"""How often ``events --follow`` looks whether the run has ended."""
+LAST_TERMINAL_GRACE_S = 5.0
+"""An ended run's record is written before its last turn's terminal event: ``events
+--follow`` waits this long for that event before it stops without it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"harness: error: {message}\n")
+
+
+def _utf8(data: bytes, what: str) -> str:
+    """Bytes as text, or InvalidInput naming ``what``: invalid UTF-8 is refused, not replaced."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"{what} is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at byte {exc.start})"
+        ) from None
+
+
+def _text_arg(value: str | None, what: str) -> str:
+    if value is None or value == "-":
+        return _utf8(sys.stdin.buffer.read(), f"the {what} on standard input")
+    return value
+
+
+def _system_prompt(value: str | None) -> str | None:
+    if value and value.startswith("@"):
+        try:
+            data = Path(value[1:]).read_bytes()
+        except OSError as exc:
+            raise InvalidInput(f"cannot read the system prompt file {value[1:]!r}: {exc}") from exc
+        return _utf8(data, f"the system prompt file {value[1:]!r}")
+    return value
+
+
+_POSITIONAL = {
+    "harness": "the harness name",
+    "prompt": "the prompt",
+    "input": "the input",
+    "run_id": "the run id",
+}
+
+
+def _check_utf8_args(args: argparse.Namespace) -> None:
+    """Refuse argv text that is not UTF-8, naming the argument.
+
+    Python decodes argv with ``surrogateescape``: a byte that is not UTF-8 arrives as a lone
+    surrogate (0xff as U+DCFF), which no harness, Redis key or broker message could carry.
+    """
+    for dest, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str) or text.isascii():
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                label = _POSITIONAL.get(dest) or "--" + dest.replace("_", "-")
+                raise InvalidInput(f"{label} {not_utf8(text, exc)}") from None
+
+
+RUN_DESCRIPTION = f"""\
+Start a run of HARNESS and send it its first turn. The run id is printed alone on the first
+line of stdout (scripts read it); with --follow the turn's events follow.
+
+harnesses: {", ".join(HARNESS_IDS)}
+  (stdio-json runs your own executable: --executable PATH, allowed by the operator)
+"""
+OPERATOR_BOUND = "within the operator's policy"
+HELP_WIDTH = 92
+_RUN_EXITS = (
+    "0 accepted (with --follow: the turn completed), 1 the turn failed or Redis or the "
+    "broker cannot be reached, 2 bad usage or refused, "
+    f"{TurnWaitTimeout.exit_code} --wait ran out, 130 interrupted"
+)
+_RECORD_EXITS = "0 done, 1 unknown run or Redis unreachable, 2 bad usage (an invalid run id)"
+COMMAND_EXITS = {
+    "run": _RUN_EXITS,
+    "turn": _RUN_EXITS + "; 1 also an unknown run, 2 also a turn in flight or an ended run",
+    "events": _RECORD_EXITS + " or event id",
+    "status": _RECORD_EXITS,
+    "cancel": _RECORD_EXITS,
+    "end": _RECORD_EXITS,
+    "reap": "0 done, 1 a sandbox backend could not be asked",
+    "doctor": "0 every check passed (warnings allowed), 1 a check failed",
+    **cli_workspace.EXITS,
+    **cli_spend.EXITS,
+    **cli_permissions.EXITS,
+}
+"""Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="harness",
+        description="Run coding-agent CLIs as sandboxed Celery work.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
+
+    def command(name: str, text: str, description: str | None = None) -> argparse.ArgumentParser:
+        description = description or text[0].upper() + text[1:] + "."
+        if "\n" not in description:
+            description = textwrap.fill(description, HELP_WIDTH)
+        return sub.add_parser(
+            name,
+            help=text,
+            description=description,
+            epilog=textwrap.fill(f"exit status: {COMMAND_EXITS[name]}", HELP_WIDTH)
+            + "\n(all of them: harness --help)",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    def run_id(p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_id", metavar="RUN_ID", help="the run id ('r' and 24 hex digits)")
+
+    def output_flags(p: argparse.ArgumentParser, what: str = "one JSON object per line") -> None:
+        p.add_argument("--json", action="store_true", help=what)
+
+    def follow_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--follow",
+            action="store_true",
+            help="stream this turn's events until its terminal event; the exit status is "
+            "then the turn's (0 completed, 1 failed)",
+        )
+        p.add_argument(
+            "--wait",
+            type=float,
+            metavar="SECONDS",
+            help=(
+                "with --follow: give up (exit status "
+                f"{TurnWaitTimeout.exit_code}) if no worker has started the turn within "
+                "SECONDS; the turn stays queued"
+            ),
+        )
+
+    run = command("run", "start a run and its first turn", RUN_DESCRIPTION)
+    run.add_argument("harness", metavar="HARNESS", help="one of: " + ", ".join(HARNESS_IDS))
+    run.add_argument(
+        "prompt",
+        metavar="PROMPT",
+        nargs="?",
+        default="-",
+        help="the first turn's input; - (or nothing) reads it from standard input",
+    )
+    run.add_argument(
+        "--system-prompt",
+        metavar="TEXT",
+        help="a system prompt, or @FILE to read it from a file (through the harness's own "
+        "system-prompt channel where it has one, else before the input)",
+    )
+    run.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="the model to ask the harness for (a warning when the harness has no model "
+        "selection); the record keeps the model it reports using",
+    )
+    run.add_argument(
+        "--posture",
+        choices=("strict", "auto", "dangerous", "ask"),
+        help="what the harness may do unasked: strict (nothing), auto (edits and safe "
+        "commands; the default), dangerous (everything, inside its container), ask (what "
+        "the rules do not settle waits for `harness approve` or `harness deny`)",
+    )
+    run.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a tool pattern the harness may use without asking (repeatable)",
+    )
+    run.add_argument(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a tool pattern the harness must not use (repeatable)",
+    )
+    run.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an environment variable the worker passes from its own secrets into the "
+        f"sandbox, {OPERATOR_BOUND} (repeatable)",
+    )
+    run.add_argument(
+        "--sandbox",
+        choices=("docker", "local"),
+        help=f"where the harness runs (default: the worker's HARNESS_SANDBOX), {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--image", help=f"the container image (default: the harness's own), {OPERATOR_BOUND}"
+    )
+    run.add_argument(
+        "--network",
+        choices=("none", "bridge", "host", "egress"),
+        help="the container's network (default: HARNESS_NETWORK); egress: only the hosts of "
+        f"the run's allowlist, through the egress gateway; {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--resume-session",
+        metavar="VENDOR_SESSION_ID",
+        help="continue this vendor session (a prior run's session_id); the session event "
+        "says whether it really resumed",
+    )
+    run.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="send the harness's model traffic here (a gateway, proxy or self-hosted model), "
+        "as the vendor's SDK writes it (ending in /v1 for OpenAI-style APIs)",
+    )
+    run.add_argument(
+        "--executable",
+        metavar="PATH",
+        help=f"the harness program (stdio-json only, and required there), {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--workspace",
+        metavar="NAME",
+        help="a durable workspace shared across runs (default: the run's own, removed at end)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"each turn's wall-clock limit (default: HARNESS_TURN_TIMEOUT_S), {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--memory",
+        metavar="SIZE",
+        help=f"container memory limit, e.g. 512m or 2g, {OPERATOR_BOUND}",
+    )
+    run.add_argument(
+        "--cpus", type=float, metavar="N", help=f"container CPU limit, {OPERATOR_BOUND}"
+    )
+    run.add_argument(
+        "--pids", type=int, metavar="N", help=f"container process limit, {OPERATOR_BOUND}"
+    )
+    cli_workspace.add_seed_options(run, OPERATOR_BOUND)
+    cli_spend.add_run_options(run, OPERATOR_BOUND)
+    follow_flags(run)
+    output_flags(run, "one JSON object per line: {run_id, turn}, then the events")
+
+    turn = command(
+        "turn",
+        "submit the next turn of a run",
+        "Submit the next turn of an idle run (refused, exit status 2, while a turn is in "
+        "flight or once the run has ended).",
+    )
+    run_id(turn)
+    turn.add_argument(
+        "input",
+        metavar="INPUT",
+        nargs="?",
+        default="-",
+        help="the turn's input; - (or nothing) reads it from standard input",
+    )
+    follow_flags(turn)
+    output_flags(turn, "one JSON object per line: {run_id, turn}, then the events")
+
+    events = command(
+        "events",
+        "print a run's events",
+        "Print a run's events, oldest first. With --follow, wait for new ones until the run "
+        "ends (status ended or failed, its last turn's terminal event printed) or its keys "
+        "are gone; a Redis outage is ridden out.",
+    )
+    run_id(events)
+    events.add_argument(
+        "--after",
+        metavar="ID",
+        help="only events after this entry id (TURN-SEQ, like 3-0): resume where you left off",
+    )
+    events.add_argument(
+        "--follow",
+        action="store_true",
+        help="wait for new events until the run ends (ended or failed) or is gone",
+    )
+    output_flags(events, "one JSON object per line: id, type, data, ts")
+
+    status = command(
+        "status",
+        "print the run record",
+        "Print the run record: its status first, then the rest; times as local dates with "
+        "their distance from now.",
+    )
+    run_id(status)
+    output_flags(status, "the record as one JSON object, typed (numbers, booleans, null)")
+    cancel = command(
+        "cancel",
+        "stop the in-flight turn",
+        "Stop the run's in-flight turn (it ends with a session-error of reason cancelled); "
+        "says so when nothing is in flight.",
+    )
+    run_id(cancel)
+    output_flags(cancel, "one JSON object: {run_id, cancelled}")
+    end = command(
+        "end",
+        "tear the run down",
+        "Tear the run down: its process, container, workspace (unless durable) and "
+        "credential. Idempotent.",
+    )
+    run_id(end)
+    output_flags(end, "one JSON object: {run_id, status, note}")
+
+    cli_workspace.add_commands(command, run_id)
+    cli_spend.add_commands(command, run_id, OPERATOR_BOUND)
+    cli_permissions.add_commands(command, run_id)
+
+    reap = command("reap", "remove sandboxes whose run is gone or whose lease expired")
+    output_flags(reap, 'one JSON object per line: {"removed": ...} or {"unreachable": ...}')
+    doctor = command("doctor", "check broker, Redis, Docker, images and harnesses")
+    output_flags(doctor, "one JSON object: ok, checks, capabilities")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "wait", None) is not None and (not args.follow or not args.wait > 0):
+        parser.error("--wait SECONDS needs --follow and a number of seconds above 0")
+    # The command says what went wrong itself; the worker code it runs (reap, doctor) logs
+    # only what it could not say: errors, as key=value lines on stderr.
+    logging.basicConfig(level=logging.ERROR, format="harness: %(levelname)s %(message)s")
+    try:
+        return _dispatch(args)
+    except SettingsError as exc:
+        print(f"harness: {exc}", file=sys.stderr)
+        return 2
+    except HarnessError as exc:
+        print(f"harness: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (for example `| head`); exit quietly as Unix tools do.
+        sys.stderr.close()
+        return 0
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "doctor":
+        from worker.cli.doctor import run_doctor
+
+        return run_doctor(json_output=args.json)
+    if args.command == "reap":
+        from worker.fleet.lifecycle import reap_here
+
+        report = reap_here()
+        lines = report.lines()
+        for line in lines:
+            print(json.dumps({"removed": line}) if args.json else line)
+        for problem in report.unreachable:
+            if args.json:
+                print(json.dumps({"unreachable": problem}))
+            print(f"harness: cannot reap sandboxes: {problem}", file=sys.stderr)
+        if not lines and not report.unreachable and not args.json:
+            print("nothing to reap")
+        return 1 if report.unreachable else 0
+
+    from worker.client import HarnessClient
+
+    _check_utf8_args(args)
+    client = HarnessClient()
+    renderer = Renderer(json_output=getattr(args, "json", False))
+    if args.command == "run":
+        prompt = _text_arg(args.prompt, "prompt")
+        run_id = client.start_run(
+            args.harness,
+            prompt,
+            model=args.model,
+            system_prompt=_system_prompt(args.system_prompt),
+            posture=args.posture,
+            allow=args.allow,
+            deny=args.deny,
+            grants=args.grant,
+            sandbox=args.sandbox,
+            image=args.image,
+            network=args.network,
+            resume_session=args.resume_session,
+            base_url=args.base_url,
+            executable=args.executable,
+            timeout_s=args.timeout,
+            workspace=args.workspace,
+            memory=args.memory,
+            cpus=args.cpus,
+            pids=args.pids,
+            **cli_workspace.seed_options(args),
+            **cli_spend.run_options(args),
+        )
+        for warning in _ignored_options(args, client.settings.sandbox):
+            print(f"harness: warning: {warning}", file=sys.stderr)
+        renderer.accepted(run_id, 1)
+        return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
+    if args.command == "turn":
+        text = _text_arg(args.input, "input")
+        number = client.submit_turn(args.run_id, text)
+        renderer.accepted(args.run_id, number)
+        return _follow(client, renderer, args.run_id, number, args.wait) if args.follow else 0
+    if args.command == "events":
+        if not args.follow:
+            for event in client.events(args.run_id, after=args.after):
+                renderer.event(event)
+            return 0
+        for item in _resuming(
+            client,
+            renderer,
+            lambda after: _events_until_run_ends(client, args.run_id, after),
+            args.after,
+        ):
+            renderer.event(item)
+        return 0
+    if args.command in cli_spend.COMMANDS:
+        return cli_spend.dispatch(args, client, renderer)
+    if args.command in cli_permissions.COMMANDS:
+        return cli_permissions.dispatch(args, client, renderer)
+    if args.command in cli_workspace.COMMANDS:
+        return cli_workspace.dispatch(args, client, renderer)
+    if args.command == "status":
+        record = client.status(args.run_id)
+        renderer.record(record)
+        return 0
+    if args.command == "cancel":
+        cancelled = client.cancel(args.run_id)
+        renderer.message(
+            {"run_id": args.run_id, "cancelled": cancelled},
+            "cancel requested" if cancelled else "nothing in flight",
+        )
+        return 0
+    if args.command == "end":
+        record = client.end(args.run_id, on_wait=renderer.notice)
+        note = record.get("last_error") or ""
+        text = f"run ended ({note})" if note.startswith("end:") else "run ended"
+        renderer.message({"run_id": args.run_id, "status": record["status"], "note": note}, text)
+        return 0
+    raise AssertionError(args.command)
+
+
+def _ignored_options(args: argparse.Namespace, default_sandbox: str) -> list[str]:
+    """Options this run would silently ignore, each said as a warning."""
+    warnings = []
+    if (
+        args.model
+        and args.harness in HARNESS_IDS
+        and not adapters.capabilities(args.harness)["model_selection"]
+    ):
+        warnings.append(
+            f"{args.harness} has no model selection: --model {args.model} is not passed "
+            "to the harness (the run record keeps it as model_requested)"
+        )
+    if (args.sandbox or default_sandbox) == "local":
+        ignored = [
+            f"--{name}"
+            for name in ("image", "network", "memory", "cpus", "pids")
+            if getattr(args, name) is not None
+        ]
+        if ignored:
+            warnings.append(
+                f"the local sandbox ignores {', '.join(ignored)} (a process on the worker's "
+                "machine: no container, no limits, no network policy)"
+            )
+    return warnings
+
+
+def _events_until_run_ends(client: Any, run_id: str, after: str | None) -> Iterator[Any]:
+    """The run's events after ``after`` as they come, until the run has ended (status ended
+    or failed, and its last turn's terminal event read, or LAST_TERMINAL_GRACE_S passed
+    without it) or its keys are gone."""
+    from worker.errors import RunNotFound
+    from worker.store.records import FINISHED
+
+    cursor, finished_at = after, None
+    while True:
+        for event in client.events(run_id, after=cursor, follow=True, timeout=RUN_CHECK_S):
+            cursor = event.id
+            yield event
+        try:
+            record = client.status(run_id)
+        except RunNotFound:
+            return
+        if record.get("status") not in FINISHED:
+            finished_at = None
+            continue
+        last = int(record.get("turns") or 0)
+        finished_at = finished_at or time.monotonic()
+        grace_over = time.monotonic() - finished_at >= LAST_TERMINAL_GRACE_S
+        with contextlib.suppress(RunNotFound):  # the keys went away meanwhile: nothing left
+            if not (last == 0 or grace_over or _turn_ended(client, run_id, last)):
+                continue
+            yield from client.events(run_id, after=cursor)
+        return
+
+
+def _turn_ended(client: Any, run_id: str, turn: int) -> bool:
+    """Whether turn ``turn``'s terminal event is in the run's stream."""
+    before = "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
+    return any(
+        event.terminal and event.turn == turn for event in client.events(run_id, after=before)
+    )
+
+
+def _follow(client: Any, renderer: Renderer, run_id: str, turn: int, wait: float | None) -> int:
+    """Follow ``turn`` to its terminal, and on through the turns a park sends again (a
+    ``parked`` event names the next turn: the same input, at the reset); the exit status is
+    the last turn's."""
+    while True:
+        code, parked_as = _follow_turn(client, renderer, run_id, turn, wait)
+        if parked_as is None:
+            return code
+        turn, wait = parked_as, None  # it waits for its reset, not for a worker
+
+
+def _follow_turn(
+    client: Any, renderer: Renderer, run_id: str, turn: int, wait: float | None
+) -> tuple[int, int | None]:
+    from worker.client import Waiting
+    from worker.spend.slots import SlotWaiting
+
+    deadline = None if wait is None else time.monotonic() + wait
+
+    def open_(after: str | None) -> Iterator[Any]:
+        left = None if deadline is None else max(0.001, deadline - time.monotonic())
+        return client.follow(run_id, turn, after=after, wait=left)  # type: ignore[no-any-return]
+
+    terminal, parked_as = None, None
+    try:
+        for item in _resuming(client, renderer, open_, None):
+            if isinstance(item, Waiting | SlotWaiting):
+                renderer.notice(item.as_dict())
+                continue
+            renderer.event(item)
+            if item.type == "parked" and item.turn == turn:
+                parked_as = int(item.data["next_turn"])
+            if item.terminal and item.turn == turn:
+                terminal = item
+    except TurnWaitTimeout as exc:
+        renderer.close()
+        print(f"harness: {exc}: `harness cancel {run_id}` withdraws it", file=sys.stderr)
+        return exc.exit_code, None
+    if parked_as is not None:
+        return 1, parked_as
+    renderer.summary(client.status(run_id), terminal)
+    if terminal is not None and terminal.type == "turn-complete":
+        return 0, None
+    if terminal is not None and terminal.data.get("reason") == "invalid-input":
+        return 2, None  # refused by the worker's policy: the same answer as a refusal up front
+    return 1, None
+
+
+def _resuming(
+    client: Any,
+    renderer: Renderer,
+    open_: Callable[[str | None], Iterator[Any]],
+    after: str | None,
+) -> Iterator[Any]:
+    """Items of ``open_(after)``; through a Redis outage, said on stderr, it waits for Redis
+    and opens again after the last event seen (no gap, no duplicate)."""
+    from worker.client import StreamEvent
+
+    cursor = after
+    while True:
+        try:
+            for item in open_(cursor):
+                if isinstance(item, StreamEvent):
+                    cursor = item.id
+                yield item
+            return
+        except Unavailable as exc:
+            renderer.outage(str(exc))
+            while True:
+                time.sleep(RETRY_S)
+                try:
+                    client.ping()
+                    break
+                except Unavailable:
+                    continue
+            renderer.recovered(cursor)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,697 @@
+"""HarnessClient: the producer's Python API (CONTRACT.md, "Python API for producers").
+
+Every method raises the typed errors of :mod:`worker.errors`, never Redis' or Celery's; the
+iterators (:meth:`HarnessClient.events`, :meth:`HarnessClient.follow`) too, on every
+``next()``: a Redis outage while iterating is :class:`~worker.errors.Unavailable`, after
+which a caller resumes with ``after=`` the last id it saw (no gap, no duplicate).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, ParamSpec, TypeVar
+
+import redis
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from adapters.events import TERMINAL_TYPES, session_error
+from config import Settings, load_settings
+from worker.app import create_app
+from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
+from worker.client.workspace import WorkspaceRequests
+from worker.errors import (
+    BudgetSpent,
+    HarnessError,
+    InvalidInput,
+    RunBusy,
+    RunEnded,
+    RunNotFound,
+    TurnWaitTimeout,
+    Unavailable,
+)
+from worker.fleet import hosts
+from worker.options.policy import check_input, resolve
+from worker.options.spec import TurnPayload, check_run_id, new_run_id, parse_options
+from worker.permissions import requests as permissions
+from worker.permissions.requests import who
+from worker.spend import budgets, slots
+from worker.store import credentials
+from worker.store.keys import Keys, SyncRedis
+from worker.store.records import IN_FLIGHT, RunStore
+from worker.store.redis_client import redis_client
+from worker.turn.life import TurnRef, end_unclaimed_turn
+
+_ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+CHECK_EVERY_S = 1.0
+"""How often a follow that sees no event of its turn looks whether a worker took it (so a
+turn no worker consumes is said to wait within a second or two)."""
+END_NOTICE_AFTER_S = 1.0
+"""A live worker tears a run down well within this; past it ``end`` says what it waits for."""
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One entry of a run's stream."""
+
+    id: str
+    type: str
+    data: dict[str, Any]
+    ts: float
+
+    @property
+    def turn(self) -> int:
+        return int(self.id.split("-")[0])
+
+    @property
+    def seq(self) -> int:
+        return int(self.id.split("-")[1])
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_TYPES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type, "data": self.data, "ts": self.ts}
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Foreign errors become ours at the seam."""
+    try:
+        yield
+    except HarnessError:
+        raise
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise Unavailable(f"cannot reach Redis: {exc}") from exc
+    except OperationalError as exc:
+        raise Unavailable(f"cannot reach the broker: {exc}") from exc
+
+
+def _translate(fn: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with _translated():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _translate_iter(fn: Callable[P, Iterator[T]]) -> Callable[P, Iterator[T]]:
+    """The same for a generator: its errors are raised by ``next()``, not by the call."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+        with _translated():
+            yield from fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _after_previous_turn(turn: int) -> str:
+    """The stream id just before turn ``turn``'s first event."""
+    return "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
+
+
+def _no_data(_: bytes) -> None:
+    """A rewind's reply has no data chunks, only its facts."""
+
+
+def _entry(entry_id: str, fields: dict[str, str]) -> StreamEvent:
+    return StreamEvent(entry_id, fields["type"], json.loads(fields["data"]), float(fields["ts"]))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A notice: turn ``turn`` is queued on ``queue`` and no live worker consumes that queue.
+
+    ``since`` is when the turn was sent (unix time; None when unknown). ``bound_s`` is how
+    long such a turn waits before the reaper ends it (a later turn bound to its run's host:
+    ``HARNESS_HOST_WAIT_S``, then a ``sandbox`` error and the run stays usable); None when
+    it waits until a worker comes (a harness queue).
+    """
+
+    run_id: str
+    turn: int
+    queue: str
+    since: float | None
+    bound_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "notice": "waiting",
+            "for": "turn",
+            "run_id": self.run_id,
+            "turn": self.turn,
+            "queue": self.queue,
+            "since": self.since,
+            "bound_s": self.bound_s,
+        }
+
+
+class HarnessClient:
+    """Start runs, submit turns, read events, cancel and end runs."""
+
+    def __init__(self, settings: Settings | None = None, *, celery_app: Celery | None = None):
+        self.settings = settings or load_settings()
+        self.keys = Keys(self.settings.key_prefix)
+        self.redis: SyncRedis = redis_client(self.settings)
+        self.store = RunStore(self.redis, self.keys, self.settings.retention_s)
+        self._app = celery_app
+
+    @classmethod
+    def from_url(cls, redis_url: str, **settings: Any) -> HarnessClient:
+        return cls(load_settings(redis_url=redis_url, **settings))
+
+    @property
+    def app(self) -> Celery:
+        if self._app is None:
+            self._app = create_app(self.settings)
+        return self._app
+
+    @functools.cached_property
+    def workspace(self) -> WorkspaceRequests:
+        """Archive uploads and diff, export and rewind requests (binary Redis traffic)."""
+        return WorkspaceRequests(self.settings, self.keys, self.redis, lambda: self.app)
+
+    def close(self) -> None:
+        if "workspace" in self.__dict__:
+            self.workspace.close()
+        self.redis.close()
+
+    @_translate
+    def ping(self) -> None:
+        """Unavailable unless Redis answers."""
+        self.redis.ping()
+
+    # -- runs and turns -------------------------------------------------------------------
+
+    @_translate
+    def start_run(self, harness: str, input: str, **options: Any) -> str:
+        """Create a run and enqueue its first turn; returns the run id.
+
+        ``options`` are those of ``harness run``: model, system_prompt, posture, allow, deny,
+        grants, sandbox, image, network, resume_session, base_url, executable, timeout_s,
+        workspace, repo, ref, push_branch, max_cost_usd, max_tokens, max_turns, max_wall_s
+        (the run's budget, within the operator's ceilings), on_limit (``park`` or ``fail``),
+        producer, and ``archive`` (a path: the archive is uploaded
+        through Redis and unpacked into the workspace by the worker). Refused with
+        InvalidInput (nothing created) when invalid or beyond policy.
+        """
+        archive = options.pop("archive", None)
+        if archive is not None:
+            options["archive"] = "0" * 64  # validated with the options; replaced below
+        for name in ("allow", "deny", "grants"):
+            value = options.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise InvalidInput(f"invalid request: {name}: expected a list of strings")
+            options[name] = tuple(value)
+        run_options = parse_options(
+            harness=harness, **{k: v for k, v in options.items() if v is not None}
+        )
+        resolved = resolve(run_options, self.settings)
+        check_input(input, self.settings)
+        run_id = new_run_id()
+        if archive is not None:
+            digest, size = self.workspace.upload_archive(run_id, Path(archive))
+            run_options = run_options.model_copy(update={"archive": digest, "archive_bytes": size})
+        queue = harness_queue(harness, self.settings.key_prefix)
+        budget = budgets.initial(run_options, self.settings)
+        self.store.create(run_id, run_options, queue=queue, sandbox=resolved.sandbox, budget=budget)
+        self._send(run_id, 1, input, queue)
+        return run_id
+
+    @_translate
+    def submit_turn(self, run_id: str, input: str) -> int:
+        """Enqueue the run's next turn; returns its number. RunBusy while one is in flight.
+
+        A turn for a host no live worker consumes is queued all the same: it waits there up to
+        ``HARNESS_HOST_WAIT_S`` (see :meth:`waiting`), then the reaper ends it.
+        """
+        check_run_id(run_id)
+        check_input(input, self.settings)
+        record = self.store.find(run_id)
+        over = None if record is None else budgets.submit_refusal(record, self.settings)
+        if over is not None and record is not None and record.status == "idle":
+            raise BudgetSpent(
+                f"run {run_id}: {over.error('for its next turn').error}".replace("RUN_ID", run_id)
+            )
+        turn = self.store.begin_turn(run_id)
+        raw = self.store.raw(run_id)
+        queue = raw.get("queue") or harness_queue(raw.get("harness", ""), self.settings.key_prefix)
+        self._send(run_id, turn, input, queue)
+        return turn
+
+    @_translate
+    def set_budget(self, run_id: str, **limits: float | int | None) -> dict[str, Any]:
+        """Change a run's budget (``max_cost_usd``, ``max_tokens``, ``max_turns``,
+        ``max_wall_s``; 0 removes a limit, up to the operator's ceiling; a limit not named is
+        kept) and return it: ``{"run_id", "budget", "spent", "exceeded"}``. Without limits,
+        only returns it. InvalidInput above a ceiling. The next turn (not one in flight)
+        runs under the new budget; raising a spent budget lets the run take turns again."""
+        check_run_id(run_id)
+        unknown = set(limits) - set(budgets.LIMITS)
+        if unknown:
+            raise InvalidInput(f"unknown budget limit(s): {', '.join(sorted(unknown))}")
+        asked = {name: value for name, value in limits.items() if value is not None}
+        record = self.store.record(run_id)
+        if asked:
+            budget = {**budgets.effective(record, self.settings)}
+            budget.update(budgets.check(asked, self.settings))
+            self.store.update(run_id, budget=budget)
+            record = self.store.record(run_id)
+            if record.budget_exceeded and budgets.submit_refusal(record, self.settings) is None:
+                self.store.update(run_id, budget_exceeded=None)
+                record = self.store.record(run_id)
+        spent = budgets.spent(record)
+        return {
+            "run_id": run_id,
+            "budget": budgets.effective(record, self.settings),
+            "spent": {
+                "cost_usd": spent.cost_usd,
+                "tokens": spent.tokens,
+                "turns": spent.turns,
+                "wall_s": spent.wall_s,
+            },
+            "exceeded": record.budget_exceeded,
+        }
+
+    def _send(self, run_id: str, turn: int, input: str, queue: str) -> None:
+        payload = TurnPayload(run_id=run_id, turn=turn, input=input).model_dump()
+        ttl = self.settings.retention_s
+        entry = json.dumps({"payload": payload, "queue": queue, "sent_at": time.time()})
+        self.redis.set(self.keys.turn_queued(run_id, turn), entry, ex=ttl)
+        try:
+            self.app.send_task(TASK_RUN_TURN, args=[payload], queue=queue)
+        except Exception as exc:
+            # Nothing will run this turn: leave nothing that says otherwise (the reaper would
+            # re-send a queued payload, and a run record without a turn would never expire).
+            undone = self._unsend(run_id, turn, exc)
+            if isinstance(exc, OperationalError | redis.ConnectionError | redis.TimeoutError):
+                raise Unavailable(f"cannot reach the broker: {exc}; {undone}") from exc
+            raise
+
+    def _unsend(self, run_id: str, turn: int, exc: Exception) -> str:
+        """Undo a turn whose message the broker refused; says what is left."""
+        try:
+            if turn == 1:
+                pipe = self.redis.pipeline()
+                pipe.delete(
+                    self.keys.turn_queued(run_id, turn),
+                    self.keys.upload(run_id),
+                    *self.keys.run_keys(run_id),
+                )
+                pipe.srem(self.keys.runs_index(), run_id)
+                pipe.execute()
+                return "the run was not created"
+            self.redis.delete(self.keys.turn_queued(run_id, turn))
+            self.store.update(
+                run_id, status="idle", last_error=f"turn {turn} could not be sent: {exc}"
+            )
+            return f"turn {turn} was not sent and run {run_id} is idle again"
+        except redis.RedisError:
+            if turn == 1:
+                return f"run {run_id} may be left in Redis (unreachable too)"
+            return f"run {run_id} may still look busy (Redis is unreachable too)"
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @_translate
+    def status(self, run_id: str) -> dict[str, Any]:
+        """The run record, typed, plus ``credential_live`` and ``waiting_for_worker`` (the
+        :class:`Waiting` notice as a dict while its current turn waits for a worker, else
+        None)."""
+        check_run_id(run_id)
+        record = self.store.get(run_id)
+        record["credential_live"] = bool(self.redis.exists(self.keys.credential(run_id)))
+        waiting = self._waiting(run_id, record)
+        record["waiting_for_worker"] = None if waiting is None else waiting.as_dict()
+        slot = slots.waiting_notice(run_id, record)
+        record["waiting_for_slot"] = None if slot is None else slot.as_dict()
+        return record
+
+    @_translate
+    def waiting(self, run_id: str) -> Waiting | None:
+        """A :class:`Waiting` notice while the run's current turn is queued and no live worker
+        consumes its queue; None otherwise (started, finished, or a worker is there)."""
+        check_run_id(run_id)
+        return self._waiting(run_id, self.store.get(run_id))
+
+    def _waiting(self, run_id: str, record: dict[str, Any]) -> Waiting | None:
+        turn = record.get("current_turn")
+        if record.get("status") not in IN_FLIGHT or not turn:
+            return None
+        if self.redis.exists(self.keys.turn_started(run_id, turn)):
+            return None
+        queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
+        if hosts.alive(self.redis, self.keys, queue):
+            return None
+        since = self.store.queued_since(run_id, turn) or record.get("updated_at")
+        bound = None
+        if hosts.is_host_queue(queue, self.keys):
+            bound = float(self.settings.host_wait_s)
+        return Waiting(run_id, int(turn), queue, since, bound)
+
+    @_translate_iter
+    def events(
+        self,
+        run_id: str,
+        after: str | None = None,
+        follow: bool = False,
+        *,
+        until_terminal_of: int | None = None,
+        timeout: float | None = None,
+        block_ms: int = 1000,
+    ) -> Iterator[StreamEvent]:
+        """The run's events, oldest first, after the id ``after``.
+
+        With ``follow`` waits for new ones: forever, until ``timeout`` seconds pass, or until
+        the terminal event of turn ``until_terminal_of``. Raises, when iterated, RunNotFound
+        or InvalidInput first, and Unavailable whenever Redis fails (resume after the last id
+        seen).
+        """
+        key = self._events_key(run_id, after)
+        cursor = after or "0-0"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if follow:
+                wait = block_ms
+                if deadline is not None:
+                    wait = max(1, min(block_ms, int((deadline - time.monotonic()) * 1000)))
+                reply = self.redis.xread({key: cursor}, count=1000, block=wait)
+                entries = reply[0][1] if reply else []
+            else:
+                entries = self.redis.xrange(
+                    key, min=f"({cursor}" if cursor != "0-0" else "-", count=1000
+                )
+            for entry_id, fields in entries:
+                cursor = entry_id
+                event = _entry(entry_id, fields)
+                yield event
+                if (
+                    until_terminal_of is not None
+                    and event.terminal
+                    and event.turn == until_terminal_of
+                ):
+                    return
+            if not follow and len(entries) < 1000:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+
+    def _events_key(self, run_id: str, after: str | None) -> str:
+        check_run_id(run_id)
+        if after is not None and not _ENTRY_ID.fullmatch(after):
+            raise InvalidInput(f"invalid event id {after[:80]!r}: expected TURN-SEQ, like 3-0")
+        if not self.redis.exists(self.keys.run(run_id)) and not self.redis.exists(
+            self.keys.events(run_id)
+        ):
+            raise RunNotFound(run_id)
+        return self.keys.events(run_id)
+
+    @_translate_iter
+    def follow(
+        self,
+        run_id: str,
+        turn: int,
+        *,
+        after: str | None = None,
+        wait: float | None = None,
+        block_ms: int = 1000,
+    ) -> Iterator[StreamEvent | Waiting | slots.SlotWaiting]:
+        """Turn ``turn``'s events as they come, up to its terminal event, with a notice.
+
+        Yields the events after ``after`` (default: the turn's first), and once, within a
+        second or two, a :class:`Waiting` notice if the turn is queued where no live worker
+        consumes it; it keeps waiting for one. ``wait`` bounds how long the turn may take to
+        start: past it raises TurnWaitTimeout, and the turn stays queued (cancel it to
+        withdraw it). Once the turn has started there is no bound here (the turn has its own
+        timeout). Unavailable when Redis fails: call again with ``after`` the last event id.
+        """
+        key = self._events_key(run_id, after)
+        cursor = after or _after_previous_turn(turn)
+        began = time.monotonic()
+        started, noticed = False, False
+        slot_place: int | None = None
+        next_check = began + CHECK_EVERY_S
+        while True:
+            block = block_ms
+            if not started:
+                block = max(1, min(block_ms, int((next_check - time.monotonic()) * 1000)))
+                if wait is not None:
+                    left = int((began + wait - time.monotonic()) * 1000)
+                    block = max(1, min(block, left))
+            reply = self.redis.xread({key: cursor}, count=1000, block=block)
+            for entry_id, fields in reply[0][1] if reply else []:
+                cursor = entry_id
+                event = _entry(entry_id, fields)
+                started = started or event.turn >= turn
+                yield event
+                if event.terminal and event.turn == turn:
+                    return
+            now = time.monotonic()
+            if started or (now < next_check and (wait is None or now < began + wait)):
+                continue
+            next_check = now + CHECK_EVERY_S
+            if self.redis.exists(self.keys.turn_started(run_id, turn)):
+                started = True
+                continue
+            record = self.store.get(run_id)
+            waiting = self._waiting(run_id, record)
+            if wait is not None and now >= began + wait:
+                raise TurnWaitTimeout(run_id, turn, self._gave_up(run_id, turn, wait, waiting))
+            if waiting is not None and not noticed:
+                noticed = True
+                yield waiting
+            slot = slots.waiting_notice(run_id, record) if record.get("slot_wait") else None
+            if slot is not None and slot.turn == turn and slot.place != slot_place:
+                slot_place = slot.place  # said again when its place changes
+                yield slot
+
+    def _gave_up(self, run_id: str, turn: int, wait: float, waiting: Waiting | None) -> str:
+        text = f"no worker started turn {turn} of run {run_id} within {wait:.3g}s"
+        if waiting is not None:
+            text += f" (no live worker consumes its queue {waiting.queue})"
+        return text + "; the turn stays queued"
+
+    @_translate
+    def wait(self, run_id: str, turn: int, timeout: float | None = None) -> StreamEvent:
+        """Block until the turn's terminal event and return it.
+
+        TurnWaitTimeout (a TimeoutError) when ``timeout`` seconds pass first; the turn goes on.
+        """
+        for event in self.events(
+            run_id,
+            after=_after_previous_turn(turn),
+            follow=True,
+            until_terminal_of=turn,
+            timeout=timeout,
+        ):
+            if event.terminal and event.turn == turn:
+                return event
+        raise TurnWaitTimeout(
+            run_id, turn, f"turn {turn} of run {run_id} did not end within {timeout:g}s"
+        )
+
+    # -- work out ---------------------------------------------------------------------------
+
+    @_translate
+    def diff(
+        self,
+        run_id: str,
+        *,
+        turn: int | None = None,
+        from_turn: int | None = None,
+        to_turn: int | None = None,
+        out: BinaryIO | None = None,
+    ) -> bytes:
+        """A unified diff of the run's workspace, from the run's host: what turn ``turn``
+        changed, or from snapshot ``from_turn`` (default: the first) to ``to_turn`` (default:
+        the last). Binary files are named, not dumped. Written to ``out`` when given (then
+        returns b""), else returned. Refused when there is no such snapshot."""
+        check_run_id(run_id)
+        if turn is not None and (from_turn is not None or to_turn is not None):
+            raise InvalidInput("give either a turn, or from and to turns, not both")
+        if turn is not None:
+            from_turn, to_turn = max(turn - 1, 0), turn
+        if from_turn is None and to_turn is not None:
+            from_turn = 0
+        parts: list[bytes] = []
+
+        def sink(data: bytes) -> None:
+            if out is not None:
+                out.write(data)
+            else:
+                parts.append(data)
+
+        self.workspace.ask(
+            run_id, self._queue(run_id), "diff", sink, turn=to_turn, from_turn=from_turn
+        )
+        return b"".join(parts)
+
+    @_translate
+    def export(self, run_id: str, path: str | Path, *, turn: int | None = None) -> dict[str, Any]:
+        """Write a tar.gz of the workspace as it was after ``turn`` (default: the last) to
+        ``path``; the reply's facts (``turn``, ``bytes``). Refused above the operator's
+        HARNESS_EXPORT_MAX_BYTES; nothing is left at ``path`` then."""
+        check_run_id(run_id)
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            with partial.open("wb") as out:
+                facts = self.workspace.ask(
+                    run_id, self._queue(run_id), "export", out.write, turn=turn
+                )
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return facts
+
+    @_translate
+    def rewind(self, run_id: str, turn: int) -> dict[str, Any]:
+        """Put the workspace back as it was after ``turn`` (0: as seeded); the next turn sees
+        it, and publishes the rewind as a ``workspace`` event. Returns that event's data.
+        RunBusy while a turn is in flight."""
+        check_run_id(run_id)
+        record = self.store.get(run_id)
+        if record["status"] in IN_FLIGHT:
+            raise RunBusy(run_id, record.get("current_turn"))
+        if record["status"] in ("ended", "failed"):
+            raise RunEnded(run_id, record["status"])
+        return self.workspace.ask(run_id, record.get("queue"), "rewind", _no_data, turn=turn)
+
+    def _queue(self, run_id: str) -> str | None:
+        queue: str | None = self.store.get(run_id).get("queue")
+        return queue
+
+    # -- permission requests (--posture ask; worker/permissions/requests.py) -----------------------
+
+    @_translate
+    def pending(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's permission requests still waiting for an answer, oldest first: each
+        with ``request_id``, ``turn``, ``tool``, ``description``, ``command``, ``input``
+        (masked, cut), ``input_chars`` and ``deadline`` (unix time)."""
+        check_run_id(run_id)
+        self.store.get(run_id)  # RunNotFound
+        return permissions.pending(self.redis, self.keys, run_id)
+
+    @_translate
+    def approve(
+        self, run_id: str, request_id: str, *, always: bool = False, by: str | None = None
+    ) -> dict[str, Any]:
+        """Allow a waiting request (``always``: the same call again in this run is allowed
+        without asking). The first answer wins: a request answered already, expired or
+        closed raises :class:`AnswerRefused`, an unknown one :class:`RequestNotFound`."""
+        check_run_id(run_id)
+        self.store.get(run_id)
+        return permissions.answer(
+            self.redis, self.keys, run_id, request_id, allow=True, always=always, by=by or who()
+        )
+
+    @_translate
+    def deny(
+        self, run_id: str, request_id: str, *, message: str | None = None, by: str | None = None
+    ) -> dict[str, Any]:
+        """Deny a waiting request; ``message`` is what the model is told. Refused as
+        :meth:`approve` is."""
+        check_run_id(run_id)
+        self.store.get(run_id)
+        return permissions.answer(
+            self.redis, self.keys, run_id, request_id, allow=False, message=message, by=by or who()
+        )
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    @_translate
+    def cancel(self, run_id: str) -> bool:
+        """Stop the in-flight turn. False when nothing is in flight."""
+        check_run_id(run_id)
+        record = self.store.get(run_id)
+        # A parked run's current turn is queued until its reset: it is withdrawn as any other.
+        cancellable = (*IN_FLIGHT, "parked")
+        if record["status"] not in cancellable or not record.get("current_turn"):
+            return False
+        turn = int(record["current_turn"])
+        ttl = self.settings.retention_s + self.settings.run_lease_s
+        self.redis.set(self.keys.cancel(run_id, turn), "1", ex=ttl)
+        # A turn still in the queue: claim it so no worker runs it, and end it here.
+        if self.redis.set(self.keys.turn_started(run_id, turn), "client-cancel", nx=True, ex=ttl):
+            ref = TurnRef(
+                self.redis, self.keys, self.store, self.settings, run_id, turn, record["harness"]
+            )
+            end_unclaimed_turn(
+                ref, session_error("the turn was cancelled before it started", "cancelled")
+            )
+        return True
+
+    @_translate
+    def end(
+        self,
+        run_id: str,
+        *,
+        wait: bool = True,
+        timeout: float = 60.0,
+        on_wait: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Tear the run down (process, container, workspace per scope, credential). Idempotent.
+
+        With ``wait``, waits up to ``timeout`` seconds for a worker on the run's queue to
+        confirm; past that the run is ended here (credential revoked, the sandbox left to the
+        reaper) and ``last_error`` says so. ``on_wait`` is called once, if the teardown is not
+        confirmed within a second, with a notice: ``{"notice": "waiting", "for": "teardown",
+        "run_id", "queue", "alive" (a live worker consumes the queue), "timeout_s"}``.
+        """
+        check_run_id(run_id)
+        record = self.store.get(run_id)
+        if record["status"] == "ended":
+            return record
+        if record["status"] in (*IN_FLIGHT, "parked"):
+            self.cancel(run_id)
+        queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
+        self.app.send_task(TASK_END_RUN, args=[run_id], queue=queue)
+        if not wait:
+            return record
+        began = time.monotonic()
+        deadline, noticed = began + timeout, on_wait is None
+        while time.monotonic() < deadline:
+            record = self.store.get(run_id)
+            if record["status"] == "ended":
+                return record
+            if not noticed and time.monotonic() - began >= END_NOTICE_AFTER_S:
+                noticed = True
+                assert on_wait is not None
+                on_wait(
+                    {
+                        "notice": "waiting",
+                        "for": "teardown",
+                        "run_id": run_id,
+                        "queue": queue,
+                        "alive": hosts.alive(self.redis, self.keys, queue),
+                        "timeout_s": timeout,
+                    }
+                )
+            time.sleep(0.1)
+        # No worker on the run's host answered in time (gone, or the message is held by a
+        # dead one). The run ends here all the same: its credential now, and its sandbox at
+        # the reaper's next pass on that host (an ended run's sandbox is always removed).
+        credentials.revoke(self.redis, self.keys, run_id)
+        note = (
+            f"end: no worker consuming {queue} confirmed the teardown within {timeout:g}s; "
+            "the reaper removes the sandbox on its next pass"
+        )
+        self.store.update(run_id, status="ended", last_error=note)
+        self.store.expire(run_id, self.settings.retention_s)
+        return self.store.get(run_id)

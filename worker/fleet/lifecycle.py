@@ -1,0 +1,384 @@
+"""Ending runs and reaping what crashes leave behind. Knows nothing of Celery."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from adapters.events import session_error
+from config import Settings
+from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
+from worker.errors import RunNotFound
+from worker.fleet import hosts
+from worker.observe import metrics
+from worker.spend import parking, slots
+from worker.store import credentials
+from worker.store.publisher import last_seq
+from worker.store.records import FINISHED, IN_FLIGHT, RunRecord
+from worker.turn.execute import TurnDeps, close_lost_turn
+from worker.turn.life import TurnRef, end_unclaimed_turn
+
+log = logging.getLogger(__name__)
+
+
+def end_run(deps: TurnDeps, run_id: str) -> bool:
+    """Tear a run down on this host: process, sandbox, workspace (per scope). Idempotent."""
+    try:
+        record = deps.store.record(run_id)
+    except RunNotFound:
+        return False
+    backend = record.sandbox or deps.settings.sandbox
+    _wait_for_turn_to_stop(deps, run_id, record)
+    try:
+        sandbox = deps.sandbox_for(backend)
+        sandbox.teardown(run_id, keep_workspace=_keeps_workspace(record))
+    except SandboxError as exc:
+        metrics.teardown_failed()
+        log.warning("run.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
+    credentials.revoke(deps.redis, deps.keys, run_id)
+    deps.store.update(run_id, status="ended")
+    deps.store.expire(run_id, deps.settings.retention_s)
+    deps.redis.srem(deps.keys.runs_index(), run_id)
+    log.info("run.ended", extra={"run_id": run_id})
+    return True
+
+
+def _keeps_workspace(record: RunRecord | None) -> bool:
+    return bool(record and record.options and record.options.workspace)
+
+
+def _wait_for_turn_to_stop(deps: TurnDeps, run_id: str, record: RunRecord) -> None:
+    """The client cancelled the in-flight turn before asking for the end: let it publish its
+    ``cancelled`` terminal before the sandbox goes, rather than fail as a sandbox error."""
+    turn = record.current_turn or 0
+    if record.status not in IN_FLIGHT or not turn:
+        return
+    deadline = time.monotonic() + deps.settings.kill_grace_s + 10
+    while time.monotonic() < deadline and deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+        time.sleep(0.1)
+
+
+@dataclass
+class ReapReport:
+    sandboxes: list[str] = field(default_factory=list)
+    lost_turns: list[str] = field(default_factory=list)
+    waited_out: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    """Sandbox backends that could not be asked for their sandboxes, with the error."""
+    slots_released: list[str] = field(default_factory=list)
+    """Concurrency slots of keys released because the turn holding them lost its worker."""
+    gateways: list[str] = field(default_factory=list)
+    """What was done to egress gateways (an unhealthy one replaced)."""
+
+    def lines(self) -> list[str]:
+        out = [f"removed sandbox of run {r}" for r in self.sandboxes]
+        out += [f"closed turn {t} (worker lost)" for t in self.lost_turns]
+        out += [f"closed turn {t} (its host had no worker for too long)" for t in self.waited_out]
+        out += [f"sent turn {t} again (no worker had taken it)" for t in self.resent]
+        out += [f"released key slot {s} (its worker was lost)" for s in self.slots_released]
+        out += self.gateways
+        return out
+
+
+def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None:
+    """Remove this host's sandboxes whose run ended, is unknown, or whose lease expired."""
+    now = time.time()
+    for found in sandbox.managed():
+        record = deps.store.find(found.run_id)
+        status = record.status if record else None
+        lease = found.lease_until
+        if record and record.lease_until:
+            lease = max(lease or 0.0, record.lease_until)
+        expired = lease is not None and lease < now
+        if found.run_id.startswith("pool-"):
+            if expired:  # a warm container nobody claimed in time
+                sandbox.teardown(found.run_id)
+                report.sandboxes.append(found.run_id)
+            continue
+        if status is None or status in FINISHED or (expired and status not in IN_FLIGHT):
+            sandbox.teardown(found.run_id, keep_workspace=_keeps_workspace(record))
+            credentials.revoke(deps.redis, deps.keys, found.run_id)
+            report.sandboxes.append(found.run_id)
+            metrics.reaped(sandbox.backend)
+            if record and status not in FINISHED:
+                deps.store.update(found.run_id, status="ended", last_error="lease expired")
+            log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
+    reap_gateway = getattr(sandbox, "reap_gateway", None)
+    if reap_gateway is not None:
+        done = reap_gateway()
+        if done:
+            report.gateways.append(done)
+
+
+def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
+    """Give every in-flight turn whose worker stopped heartbeating its ``worker-lost`` end."""
+
+    def step(run_id: str) -> None:
+        record = deps.store.find(run_id)
+        if record is None:
+            deps.redis.srem(deps.keys.runs_index(), run_id)
+            report.forgotten.append(run_id)
+            return
+        turn = record.current_turn or 0
+        if record.status not in IN_FLIGHT or turn < 1:
+            return
+        if not deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+            return  # still queued: not lost
+        if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+            return  # its worker is alive
+        _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
+        if last_type in ("turn-complete", "session-error"):
+            return
+        close_lost_turn(deps, run_id, turn, record.harness)
+        report.lost_turns.append(f"{run_id}/{turn}")
+
+    _each_run(deps, "close_lost_turns", step)
+
+
+def _each_run(deps: TurnDeps, what: str, step: Callable[[str], None]) -> None:
+    """``step`` for every run that may hold a sandbox. One run's problem (a record no longer
+    readable, a bug) is logged and the pass goes on: it must not stop the reaper for every
+    other run. Redis unreachable stops the pass; the next tick tries again."""
+    for run_id in deps.redis.smembers(deps.keys.runs_index()):
+        try:
+            step(run_id)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception:
+            log.exception("reaper.run_failed", extra={"run_id": run_id, "step": what})
+
+
+def reap_here(deps: TurnDeps | None = None) -> ReapReport:
+    """One full reaper pass from here, without the fleet's locks (an operator's ``harness
+    reap``, beat's fan-out): every run's in-flight turns, then this host's sandboxes."""
+    if deps is None:
+        from worker import runtime
+
+        deps = runtime.deps()
+    report = ReapReport()
+    _reap_turns(deps, report)
+    for backend in ("docker", "local"):
+        try:
+            reap_sandboxes(deps, deps.sandbox_for(backend), report)
+        except SandboxError as exc:
+            if backend == deps.settings.sandbox or backend in deps.host_queues:
+                report.unreachable.append(f"{backend}: {exc}")
+            log.warning("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
+    return report
+
+
+def _reap_turns(deps: TurnDeps, report: ReapReport) -> None:
+    # A lost turn is closed first; the run stays usable, so its sandbox is kept.
+    close_lost_turns(deps, report)
+    close_stranded_turns(deps, report)
+    report.resent += resend_unclaimed_turns(deps, _sender(deps))
+    # Parked turns whose countdown was lost with its worker (never before their reset), and
+    # concurrency slots held by turns whose worker is gone (worker/spend/parking.py, slots.py).
+    report.resent += parking.resend_due(deps)
+    report.slots_released += slots.reap(deps)
+
+
+def reap_pass(deps: TurnDeps) -> ReapReport:
+    """The pass every worker runs on its timer. The fleet-wide part (turns) runs in one worker
+    per interval, the sandbox part in one worker per host per interval: a lock in Redis that
+    lives one interval decides which, so passes never overlap and no beat process is needed.
+    """
+    report = ReapReport()
+    interval = deps.settings.reap_interval_s
+    if _take_lock(deps, "fleet", interval):
+        _reap_turns(deps, report)
+    for backend, queue in sorted(deps.host_queues.items()):
+        if not _take_lock(deps, f"{queue}:{backend}", interval):
+            continue
+        try:
+            reap_sandboxes(deps, deps.sandbox_for(backend), report)
+        except SandboxError as exc:
+            report.unreachable.append(f"{backend}: {exc}")
+            log.warning("reaper.backend_unavailable", extra={"backend": backend, "error": str(exc)})
+        if backend == "docker":
+            warm_pools(deps)  # replace warm containers that expired unclaimed
+    for line in report.lines():
+        log.info("reaper.pass", extra={"done": line})
+    return report
+
+
+def _take_lock(deps: TurnDeps, scope: str, interval_s: float) -> bool:
+    """The lock is never released: it lapses, so a scope is passed over once per interval."""
+    ttl_ms = max(int(interval_s * 1000 * 0.9), 200)
+    return bool(deps.redis.set(deps.keys.reaper_lock(scope), deps.worker_id, nx=True, px=ttl_ms))
+
+
+def start_reaper(deps: TurnDeps) -> threading.Event:
+    """Run :func:`reap_pass` now and then every few seconds (each pass takes its locks, so
+    the fleet reaps about once per HARNESS_REAP_INTERVAL_S whatever its size)."""
+    stop = threading.Event()
+    tick = min(max(deps.settings.reap_interval_s / 4, 0.5), 15.0)
+
+    def loop() -> None:
+        while True:
+            try:
+                reap_pass(deps)
+            except Exception as exc:  # noqa: BLE001 -- Redis or Docker away: next tick
+                log.warning("reaper.pass_failed", extra={"error": str(exc)})
+            if stop.wait(tick):
+                return
+
+    threading.Thread(target=loop, name="reaper", daemon=True).start()
+    return stop
+
+
+def fail_stranded_turn(deps: TurnDeps, run_id: str, turn: int, harness: str, queue: str) -> bool:
+    """End a turn that waited HARNESS_HOST_WAIT_S for a worker on its run's host. The run
+    stays usable and keeps its sandbox. False if a worker took the turn meanwhile."""
+    settings, keys = deps.settings, deps.keys
+    ttl = settings.retention_s + settings.run_lease_s
+    if not deps.redis.set(keys.turn_started(run_id, turn), "host-away", nx=True, ex=ttl):
+        return False
+    error = (
+        f"no worker consumed {queue}, the host of this run's sandbox, for "
+        f"{settings.host_wait_s:g}s (HARNESS_HOST_WAIT_S); the run and its workspace are "
+        "kept there: submit the turn again once a worker runs on that host, or end the run"
+    )
+    ref = TurnRef(deps.redis, keys, deps.store, settings, run_id, turn, harness)
+    end_unclaimed_turn(ref, session_error(error, "sandbox"), run_status="idle")
+    deps.redis.delete(keys.turn_queued(run_id, turn))
+    credentials.revoke(deps.redis, keys, run_id)
+    metrics.turn_failed(harness, "sandbox")
+    log.warning("turn.host_away", extra={"run_id": run_id, "turn": turn, "queue": queue})
+    return True
+
+
+def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> None:
+    """Close queued turns that waited too long for a worker on their run's host."""
+    now = time.time()
+
+    def step(run_id: str) -> None:
+        record = deps.store.find(run_id)
+        if record is None or record.status not in IN_FLIGHT:
+            return
+        queue = record.queue or ""
+        if not hosts.is_host_queue(queue, deps.keys) or hosts.alive(deps.redis, deps.keys, queue):
+            return
+        turn = record.current_turn or 0
+        if not turn or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+            return
+        # A producer that sent the turn set the run running then: the record's last update is
+        # when, should the queued entry be gone.
+        sent_at = deps.store.queued_since(run_id, turn) or record.updated_at or now
+        if now - sent_at < deps.settings.host_wait_s:
+            return
+        if fail_stranded_turn(deps, run_id, turn, record.harness, queue) and report is not None:
+            report.waited_out.append(f"{run_id}/{turn}")
+
+    _each_run(deps, "close_stranded_turns", step)
+
+
+def warm_pools(deps: TurnDeps) -> int:
+    """Keep HARNESS_WARM_POOL started containers per configured image on this host, shaped as
+    a run with the default network and limits gets them (other runs create their own)."""
+    settings = deps.settings
+    if settings.warm_pool <= 0 or not _docker_in_use(settings):
+        return 0
+
+    sandbox = deps.sandbox_for("docker")
+    if not isinstance(sandbox, WarmPool):
+        return 0
+    started = 0
+    for image in sorted(set(settings.images.values())):
+        try:
+            if not sandbox.image_exists(image):
+                continue
+            started += sandbox.warm(
+                RunSpec(
+                    run_id="pool-template",
+                    image=image,
+                    network=settings.network,
+                    limits=Limits(settings.memory, settings.cpus, settings.pids),
+                    user=settings.container_user,
+                    read_only_root=settings.read_only_root,
+                    labels={"harness.worker": deps.worker_id},
+                )
+            )
+        except SandboxError as exc:
+            log.warning("sandbox.pool_failed", extra={"image": image, "error": str(exc)})
+    return started
+
+
+def drain_pools(deps: TurnDeps) -> None:
+    """Remove this deployment's unclaimed warm containers on this host (a worker going away
+    must not leave idle containers behind; the next worker to start warms the pool again)."""
+    if deps.settings.warm_pool <= 0 or not _docker_in_use(deps.settings):
+        return
+    try:
+        sandbox = deps.sandbox_for("docker")
+        if isinstance(sandbox, WarmPool):
+            sandbox.close_pool()
+    except SandboxError as exc:
+        log.warning("sandbox.pool_drain_failed", extra={"error": str(exc)})
+
+
+def _docker_in_use(settings: Settings) -> bool:
+    allowed = settings.allowed_sandboxes
+    return settings.sandbox == "docker" or "docker" in allowed or "*" in allowed
+
+
+def resend_unclaimed_turns(
+    deps: TurnDeps, send: Callable[[dict[str, Any], str], None]
+) -> list[str]:
+    """Send again every queued turn no worker has taken for HARNESS_RESEND_AFTER_S.
+
+    A turn's payload stays in Redis until a worker takes it. Should the broker lose the
+    message (kombu's Redis transport can, when a worker dies holding it), the turn would
+    wait forever; sending it again is safe because only the first copy to reach a worker
+    claims the turn, and every later copy is dropped as a duplicate.
+    """
+    resent: list[str] = []
+    now = time.time()
+
+    def step(run_id: str) -> None:
+        record = deps.store.find(run_id)
+        if record is None or record.status not in IN_FLIGHT:
+            return
+        turn = record.current_turn or 0
+        if turn < 1 or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+            return
+        key = deps.keys.turn_queued(run_id, turn)
+        entry_text = deps.redis.get(key)
+        if not entry_text:
+            return
+        entry = json.loads(entry_text)
+        if now - float(entry.get("sent_at", now)) < deps.settings.resend_after_s:
+            return
+        queue = str(entry.get("queue") or "")
+        if hosts.is_host_queue(queue, deps.keys) and not hosts.alive(deps.redis, deps.keys, queue):
+            return  # close_stranded_turns ends it instead
+        entry.setdefault("first_sent_at", entry.get("sent_at", now))
+        entry["sent_at"] = now
+        deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
+        send(entry["payload"], queue)
+        resent.append(f"{run_id}/{turn}")
+        log.warning("turn.resent", extra={"run_id": run_id, "turn": turn, "queue": queue})
+
+    _each_run(deps, "resend_unclaimed_turns", step)
+    return resent
+
+
+def _sender(deps: TurnDeps) -> Callable[[dict[str, Any], str], None]:
+    from worker.app import create_app
+    from worker.app_names import TASK_RUN_TURN
+
+    app = create_app(deps.settings)
+
+    def send(payload: dict[str, Any], queue: str) -> None:
+        app.send_task(TASK_RUN_TURN, args=[payload], queue=queue)
+
+    return send

@@ -1,0 +1,280 @@
+"""What a producer asks for: a run's options and one turn's payload, validated where they enter."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from adapters import HARNESS_IDS
+from worker.errors import InvalidInput
+
+RUN_ID = re.compile(r"^r[0-9a-f]{24}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# A Docker image reference: [registry[:port]/]name[:tag][@digest], lower-case path components.
+# Patterns are applied with fullmatch: "$" alone would accept a trailing newline.
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+IMAGE_REF = re.compile(
+    rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@sha256:[a-f0-9]{64})?$"
+)
+GIT_REF = re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)(?!.*@\{)[A-Za-z0-9_./-]{1,200}(?<![./])$")
+"""A branch, tag or commit id: no leading "-" (it becomes an argv value), no "..", no "@{"."""
+SESSION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")
+"""Vendor session ids travel as argv values (``--resume ID``): never with a leading "-"."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # for one-line fields: newlines and tabs too
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A producer's value for an error message: its repr, cut short (never 10 MiB of it)."""
+    if not isinstance(value, str) or len(value) <= limit:
+        return repr(value)[: limit + 40]
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def new_run_id() -> str:
+    return "r" + secrets.token_hex(12)
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise InvalidInput(f"invalid run id {shown(run_id)}: expected 'r' and 24 hex digits")
+    return run_id
+
+
+class RunOptions(BaseModel):
+    """A run's options, fixed at ``start_run`` and stored in the run record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    harness: str
+    model: str | None = Field(None, max_length=200)
+    system_prompt: str | None = Field(None, max_length=1_000_000)
+    posture: Literal["strict", "auto", "dangerous", "ask"] = "auto"
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    grants: tuple[str, ...] = ()
+    sandbox: Literal["docker", "local"] | None = None
+    image: str | None = None
+    network: Literal["none", "bridge", "host", "egress"] | None = None
+    resume_session: str | None = None
+    base_url: str | None = Field(None, max_length=2000)
+    executable: str | None = Field(None, max_length=4096)
+    timeout_s: float | None = Field(None, gt=0)
+    memory: str | None = Field(None, pattern=r"^[0-9]{1,15}[bkmg]?$")
+    """The container's memory limit (bytes, or a number with b, k, m or g), within policy."""
+    cpus: float | None = Field(None, gt=0, le=1024)
+    pids: int | None = Field(None, gt=0, le=10_000_000)
+    workspace: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    """A durable workspace name shared across runs; None gives the run its own."""
+    max_cost_usd: float | None = Field(None, gt=0, le=1_000_000)
+    """The run's budget in USD (``worker.spend.budgets``), within the operator's ceiling."""
+    max_tokens: int | None = Field(None, gt=0, le=10**12)
+    """The run's budget in tokens, input (replayed context included) plus output."""
+    max_turns: int | None = Field(None, gt=0, le=1_000_000)
+    """The most turns the run may begin (turns the worker sends again after a park count)."""
+    max_wall_s: float | None = Field(None, gt=0, le=10**9)
+    """The most seconds the run's turns may run in all."""
+    on_limit: Literal["park", "fail"] | None = None
+    """A turn that meets a rate limit or a quota with a reset: park the run until the reset
+    and send the turn again (``park``), or end it there (``fail``); None: the operator's
+    HARNESS_ON_LIMIT."""
+    producer: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")
+    """Who submitted the run: turns waiting for a concurrency slot of a key are served
+    fairly across producers (``worker.spend.slots``)."""
+    repo: str | None = Field(None, max_length=2000)
+    """A git repository the worker clones into the workspace before the first turn."""
+    ref: str | None = None
+    """The branch, tag or commit of ``repo`` (default: the remote's HEAD)."""
+    archive: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    """The SHA-256 of an archive the producer uploaded for the worker to unpack into the
+    workspace (the client sets it; the upload is checked against it)."""
+    archive_bytes: int | None = Field(None, ge=0)
+    push_branch: str | None = None
+    """A branch of ``repo`` the worker pushes each turn's snapshot to, as a commit."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _encodable(cls, value: Any) -> Any:
+        # A lone surrogate has no UTF-8: it could reach neither Redis nor a broker message.
+        texts = value if isinstance(value, list | tuple) else (value,)
+        for text in texts:
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(
+                        f"must be valid Unicode text, not {shown(text)} (a lone surrogate)"
+                    ) from None
+        return value
+
+    @field_validator("harness")
+    @classmethod
+    def _known_harness(cls, value: str) -> str:
+        if value not in HARNESS_IDS:
+            raise ValueError(f"unknown harness {shown(value)}; known: {', '.join(HARNESS_IDS)}")
+        return value
+
+    @field_validator("model", "system_prompt", "executable", "base_url")
+    @classmethod
+    def _no_control(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not value.strip() or _CONTROL.search(value) or value.startswith("-")
+        ):
+            raise ValueError("must be a plain model name (it becomes an argv value)")
+        return value
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            # Patterns become argv values of variadic flags: a leading "-" would be a flag.
+            if not pattern or len(pattern) > 500 or _CONTROL.search(pattern) or pattern[0] == "-":
+                raise ValueError(
+                    f"invalid tool pattern {shown(pattern)}: 1 to 500 characters, no "
+                    "control characters, not starting with '-'"
+                )
+        return value
+
+    @field_validator("grants")
+    @classmethod
+    def _grant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(
+                    f"invalid grant name {shown(name)}: use an environment variable name"
+                )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image_ref(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 255 or not IMAGE_REF.fullmatch(value)):
+            raise ValueError(
+                f"invalid image reference {shown(value)}: expected [registry/]name[:tag][@digest]"
+            )
+        return value
+
+    @field_validator("resume_session")
+    @classmethod
+    def _session_id(cls, value: str | None) -> str | None:
+        if value is not None and not SESSION_ID.fullmatch(value):
+            raise ValueError(
+                f"invalid vendor session id {shown(value)}: up to 200 letters, digits, "
+                "'_', '.', ':' or '-', starting with a letter, a digit or '_'"
+            )
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"^https?://[^\s/?#]+[^\s]*$", value):
+            raise ValueError(f"invalid base URL {shown(value)}: expected http(s)://host[/path]")
+        return value
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not value.strip() or _CONTROL.search(value) or value.startswith("-") or " " in value
+        ):
+            raise ValueError(f"invalid repository URL {shown(value)}")
+        return value
+
+    @field_validator("ref", "push_branch")
+    @classmethod
+    def _git_ref(cls, value: str | None) -> str | None:
+        if value is not None and not GIT_REF.fullmatch(value):
+            raise ValueError(
+                f"{shown(value)} is not a git branch, tag or commit: letters, digits, '_', "
+                "'.', '/' or '-', not starting with '-', without '..'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_seed(self) -> RunOptions:
+        if self.repo and self.archive:
+            raise ValueError("a run is seeded from --repo or from --archive, not both")
+        if self.ref and not self.repo:
+            raise ValueError("--ref needs --repo")
+        if self.push_branch and not self.repo:
+            raise ValueError("--push-branch needs --repo (it pushes to the seed repository)")
+        return self
+
+    @field_validator("executable")
+    @classmethod
+    def _executable(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or _CONTROL.search(value)):
+            raise ValueError("must be a path to a program")
+        return value
+
+
+class TurnPayload(BaseModel):
+    """The Celery message of one turn. Never holds a secret: grants travel by name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    turn: int = Field(ge=1)
+    input: str
+    not_before: float | None = None
+    """Unix time before which the turn must not run: a parked run's turn, sent with a
+    countdown to its reset (worker/spend/parking.py); a copy delivered early is sent on again."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str) -> str:
+        if not RUN_ID.fullmatch(value):
+            raise ValueError("invalid run id")
+        return value
+
+
+def parse_options(**fields: object) -> RunOptions:
+    """Build RunOptions, turning validation failures into one readable InvalidInput."""
+    try:
+        return RunOptions(**fields)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise InvalidInput(_describe(exc)) from None
+
+
+_EXPECTED_FORM = {
+    "memory": "a memory size: a number of bytes, or a number followed by b, k, m or g (512m, 2g)",
+    "workspace": "a workspace name: 1 to 64 letters, digits, '_', '.' or '-', starting with "
+    "a letter or a digit",
+    "archive": "the SHA-256 of the uploaded archive (64 hex digits)",
+    "producer": "a producer id: 1 to 64 letters, digits, '_', '.', ':', '@' or '-'",
+}
+"""What a field with a ``pattern`` expects, in words: pydantic's own message would print
+the regular expression to the producer."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "input"
+        if error["type"] == "string_pattern_mismatch":
+            form = _EXPECTED_FORM.get(where, "the documented form")
+            message = f"{shown(error['input'])} is not {form}"
+        elif error["type"] == "extra_forbidden":
+            message = "unknown option (refused rather than ignored)"
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "invalid request: " + "; ".join(parts)

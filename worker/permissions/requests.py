@@ -1,0 +1,498 @@
+"""Permission requests answered live (``--posture ask``): durable in Redis, first answer wins.
+
+A harness that asks (its adapter appends an :class:`adapters.asks.Ask` to ``state.asks``)
+waits; the turn's :class:`Gate` gives the request an id (``p{turn}-{n}``) and a deadline,
+keeps it in the run's ``permissions`` hash and publishes a ``permission-request`` event.
+Anyone who can reach Redis answers it (:func:`answer`: ``harness approve``/``deny``,
+``HarnessClient.approve``/``deny``): the answer is written once into the run's
+``permission-answers`` hash by a Lua script, so the first answer wins and a second, a late
+or an unknown one is refused with a reason. The read loop polls the answers of its waiting
+requests as it polls for a cancel, hands each to the adapter (which writes the harness's
+reply to its stdin) and publishes a ``permission-decision`` event.
+
+Fail closed: no answer by the deadline is a deny (written through the same script, so it
+races fairly with a person's answer); a cancel, a timeout, a worker shutdown or a harness
+that ends the turn denies what is pending, and tells the harness so before it is stopped; a
+lost worker's pending requests are denied by whoever closes its turn; an answer that cannot
+be written to the harness is recorded as a deny. While a request waits the turn and idle
+timeouts stand still (:mod:`worker.turn.attempt`); ``HARNESS_PERMISSION_TIMEOUT_S`` bounds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import logging
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+import adapters
+from adapters.asks import DENIED_MESSAGE, Ask, Decision
+from adapters.events import (
+    PERMISSION_INPUT_LIMIT,
+    Event,
+    PermissionDecision,
+    PermissionRequest,
+    SessionError,
+)
+from adapters.protocol import AdapterState
+from config import Settings
+from sandbox.base import Process
+from worker.errors import AnswerRefused, InvalidInput, RequestNotFound
+from worker.options.spec import RunOptions
+from worker.permissions import rules as permission_rules
+from worker.store.keys import Keys, SyncRedis
+from worker.store.publisher import Masker
+
+if TYPE_CHECKING:
+    from worker.turn.deps import TurnDeps
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID = re.compile(r"^p[0-9]{1,9}-[0-9]{1,9}$")
+BY = re.compile(r"^[^\x00-\x1f]{1,200}$")
+MESSAGE_LIMIT = 4000
+_SECRET_NAMES = re.compile(r"(?i)(token|secret|passw(or)?d|api[_-]?key|authorization|cookie)")
+_SECRET_VALUE = "***"
+
+# KEYS[1] the requests hash, KEYS[2] the answers hash; ARGV[1] the request id, ARGV[2] the
+# answer (JSON), ARGV[3] now (unix time), ARGV[4] "1" when the worker closes the request
+# (its deadline does not apply). Returns {status, detail}: ok, unknown, answered (detail:
+# the answer that won), expired (detail: the request).
+_ANSWER_LUA = """
+local request = redis.call('HGET', KEYS[1], ARGV[1])
+if not request then return {'unknown', ''} end
+local prior = redis.call('HGET', KEYS[2], ARGV[1])
+if prior then return {'answered', prior} end
+if ARGV[4] ~= '1' then
+  local deadline = tonumber(cjson.decode(request)['deadline'])
+  if deadline and tonumber(ARGV[3]) > deadline then return {'expired', request} end
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return {'ok', ''}
+"""
+
+
+def who() -> str:
+    """The default identity of an answer: ``user@host`` of the process giving it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"[:200]
+
+
+def check_posture(options: RunOptions, settings: Settings) -> None:
+    """Refuse ``--posture ask`` where the operator forbids it or the harness cannot ask."""
+    if options.posture != "ask":
+        return
+    if not settings.permission_ask:
+        raise InvalidInput("--posture ask is not allowed by the operator (HARNESS_PERMISSION_ASK)")
+    if not adapters.get(options.harness).CAPABILITIES.permission_ask:
+        raise InvalidInput(
+            f"{options.harness} cannot hand us a permission decision live (capability "
+            "permission_ask is false): use --posture strict, auto or dangerous"
+        )
+
+
+def gate_for(
+    deps: TurnDeps, run_id: str, turn: int, options: RunOptions, masker: Masker
+) -> Gate | None:
+    """The turn's gate when the run asks (``--posture ask``), else None."""
+    if options.posture != "ask":
+        return None
+    return Gate(
+        deps.redis,
+        deps.keys,
+        run_id,
+        turn,
+        timeout_s=deps.settings.permission_timeout_s,
+        masker=masker,
+        allow=options.allow,
+        deny=options.deny,
+    )
+
+
+def _script(client: SyncRedis) -> Any:
+    return client.register_script(_ANSWER_LUA)
+
+
+def _answer_json(allow: bool, always: bool, by: str, message: str | None, at: float) -> str:
+    return json.dumps(
+        {
+            "decision": "allow" if allow else "deny",
+            "scope": "always" if always and allow else "once",
+            "by": by,
+            "message": message,
+            "at": at,
+        }
+    )
+
+
+def _said(answer: dict[str, Any]) -> str:
+    return f"{answer.get('decision')} by {answer.get('by')}"
+
+
+def answer(
+    client: SyncRedis,
+    keys: Keys,
+    run_id: str,
+    request_id: str,
+    *,
+    allow: bool,
+    by: str,
+    always: bool = False,
+    message: str | None = None,
+) -> dict[str, Any]:
+    """Record a producer's answer to a waiting request; returns it. Raises
+    :class:`RequestNotFound` (no such request in the run) or :class:`AnswerRefused`
+    (answered already, expired, or its turn ended)."""
+    if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
+        raise RequestNotFound(f"unknown permission request {request_id!r} in run {run_id}")
+    if not BY.fullmatch(by):
+        raise InvalidInput("the answerer's identity must be 1 to 200 printable characters")
+    if message is not None and len(message) > MESSAGE_LIMIT:
+        raise InvalidInput(f"the message is over {MESSAGE_LIMIT} characters")
+    now = time.time()
+    text = _answer_json(allow, always, by, message, now)
+    status, detail = _script(client)(
+        keys=[keys.permissions(run_id), keys.permission_answers(run_id)],
+        args=[request_id, text, now, "0"],
+    )
+    if status == "unknown":
+        raise RequestNotFound(f"unknown permission request {request_id!r} in run {run_id}")
+    if status == "answered":
+        prior = json.loads(detail)
+        raise AnswerRefused(
+            f"permission request {request_id} was already answered ({_said(prior)}); "
+            "the first answer wins"
+        )
+    if status == "expired":
+        deadline = json.loads(detail).get("deadline")
+        raise AnswerRefused(
+            f"permission request {request_id} expired at "
+            f"{time.strftime('%H:%M:%S', time.localtime(deadline))}: it is denied"
+        )
+    recorded: dict[str, Any] = json.loads(text)
+    return recorded
+
+
+def pending(client: SyncRedis, keys: Keys, run_id: str) -> list[dict[str, Any]]:
+    """The run's requests still waiting for an answer, oldest first."""
+    requests = client.hgetall(keys.permissions(run_id))
+    answered = set(client.hkeys(keys.permission_answers(run_id)))
+    waiting = [json.loads(v) for k, v in requests.items() if k not in answered]
+    return sorted(waiting, key=lambda r: (r.get("turn", 0), r.get("n", 0)))
+
+
+def close_turn(client: SyncRedis, keys: Keys, run_id: str, turn: int, by: str) -> int:
+    """Deny what a turn left pending (its worker was lost); returns how many."""
+    script = _script(client)
+    closed = 0
+    for request in pending(client, keys, run_id):
+        if request.get("turn") != turn:
+            continue
+        status, _ = script(
+            keys=[keys.permissions(run_id), keys.permission_answers(run_id)],
+            args=[
+                request["request_id"],
+                _answer_json(False, False, by, None, time.time()),
+                time.time(),
+                "1",
+            ],
+        )
+        closed += status == "ok"
+    return closed
+
+
+def fingerprint(tool: str, value: Any) -> str:
+    """Names one tool call for ``--always``: the same tool with the same input."""
+    text = json.dumps([tool, value], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def shown_input(value: Any, masker: Masker) -> tuple[str, int]:
+    """The tool input as producers see it: JSON text, secret-looking fields and granted
+    values masked, cut at :data:`PERMISSION_INPUT_LIMIT`; and its full length."""
+    text = value if isinstance(value, str) else json.dumps(_mask_fields(value), default=str)
+    text = masker.mask(text)
+    return text[:PERMISSION_INPUT_LIMIT], len(text)
+
+
+def _mask_fields(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _SECRET_VALUE
+            if isinstance(k, str) and _SECRET_NAMES.search(k) and isinstance(v, str)
+            else _mask_fields(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_mask_fields(v) for v in value]
+    return value
+
+
+@dataclass
+class _Waiting:
+    ask: Ask
+    request_id: str
+    deadline: float
+    print: str
+
+
+_STOP_BY = {
+    "cancelled": "worker:cancelled",
+    "shutdown": "worker:shutdown",
+    "timeout": "worker:timeout",
+    "budget": "worker:budget",
+}
+
+
+class Gate:
+    """One turn's permission requests, between its adapter, its process and Redis.
+
+    :meth:`attach` binds it to an attempt (its adapter state and process); the read loop
+    calls :meth:`collect` after every feed, :meth:`poll` with its cancel check, :meth:`close`
+    before the process is stopped, and :meth:`turn_over` once the turn has its terminal
+    event. Redis errors while polling are ridden out (the deadline still holds locally).
+    """
+
+    def __init__(
+        self,
+        client: SyncRedis,
+        keys: Keys,
+        run_id: str,
+        turn: int,
+        *,
+        timeout_s: float,
+        masker: Masker,
+        clock: Callable[[], float] = time.time,
+        allow: tuple[str, ...] = (),
+        deny: tuple[str, ...] = (),
+    ) -> None:
+        self.client, self.keys, self.run_id, self.turn = client, keys, run_id, turn
+        self.allow, self.deny = allow, deny
+        """The run's ``--allow``/``--deny`` patterns (:mod:`worker.permissions.rules`): they
+        answer a request before anyone is asked."""
+        self.timeout_s = timeout_s
+        self.masker = masker
+        self.clock = clock
+        self._script = _script(client)
+        self._count = 0
+        self._waiting: dict[str, _Waiting] = {}
+        self._adapter: Any = None
+        self._state: AdapterState | None = None
+        self._process: Process | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._waiting)
+
+    def attach(self, adapter: Any, state: AdapterState, process: Process) -> None:
+        self._adapter, self._state, self._process = adapter, state, process
+        self._waiting.clear()
+
+    def collect(self) -> list[Event]:
+        """Take the asks the last feed found: publish each, allow at once what ``--always``
+        allowed earlier in the run. Also writes what the adapter queued for stdin."""
+        state = self._state
+        if state is None:
+            return []
+        events: list[Event] = []
+        while state.asks:
+            events.extend(self._take(state.asks.pop(0)))
+        self._flush()
+        return events
+
+    def poll(self) -> list[Event]:
+        """Apply the answers that came in and deny what passed its deadline."""
+        if not self._waiting:
+            return []
+        ids = list(self._waiting)
+        try:
+            raw = self.client.hmget(self.keys.permission_answers(self.run_id), ids)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raw = [None] * len(ids)
+        events: list[Event] = []
+        now = self.clock()
+        for request_id, text in zip(ids, raw, strict=True):
+            if text is not None:
+                events.extend(self._apply(request_id, json.loads(text)))
+            elif now >= self._waiting[request_id].deadline:
+                events.extend(self._close(request_id, "worker:deadline", abort=False))
+        return events
+
+    def close(self, stop: SessionError | None) -> list[Event]:
+        """The turn is ending with requests pending: deny them all, telling the harness to
+        stop (before it is stopped: a harness that keeps a request across an abort must not
+        find it open)."""
+        if not self._waiting:
+            return []
+        by = _STOP_BY.get(stop.reason, f"worker:{stop.reason}") if stop else "worker:turn-ended"
+        events: list[Event] = []
+        for request_id in list(self._waiting):
+            events.extend(self._close(request_id, by, abort=True))
+        return events
+
+    def turn_over(self) -> None:
+        """The turn has its terminal event: end the harness's stdin (some wait for EOF)."""
+        if self._process is not None:
+            self._process.close_stdin()
+
+    # -- inside ------------------------------------------------------------------------------
+
+    def _take(self, ask: Ask) -> list[Event]:
+        self._count += 1
+        request_id = f"p{self.turn}-{self._count}"
+        text, size = shown_input(ask.input, self.masker)
+        print_ = fingerprint(ask.tool, ask.input)
+        description = self.masker.mask(ask.description or ask.tool)
+        command = self.masker.mask(ask.command) if ask.command else None
+        deadline = self.clock() + self.timeout_s
+        record = {
+            "request_id": request_id,
+            "run_id": self.run_id,
+            "turn": self.turn,
+            "n": self._count,
+            "tool": ask.tool,
+            "description": description,
+            "command": command,
+            "input": text,
+            "input_chars": size,
+            "deadline": deadline,
+            "asked_at": self.clock(),
+        }
+        request = PermissionRequest(
+            request_id=request_id,
+            description=description,
+            command=command,
+            tool=ask.tool,
+            input=text,
+            input_chars=size,
+            deadline=deadline,
+        )
+        ruled = permission_rules.decide(self.allow, self.deny, ask)
+        if ruled is not None:
+            allowed, by = ruled
+            message = None if allowed else f"Denied by the run's rule {by.split(':', 2)[2]}."
+            if not self._answer(ask, Decision(allow=allowed, message=message)) and allowed:
+                allowed, by = False, "worker:channel"
+            log.info(
+                "permission.ruled",
+                extra={"run_id": self.run_id, "request_id": request_id, "by": by},
+            )
+            return [
+                request,
+                PermissionDecision(
+                    request_id=request_id,
+                    decision="allow" if allowed else "deny",
+                    scope="once",
+                    by=by,
+                    message=message,
+                ),
+            ]
+        try:
+            always = self.client.sismember(self.keys.permission_always(self.run_id), print_)
+        except (redis.ConnectionError, redis.TimeoutError):
+            always = False
+        if always:
+            self._answer(ask, Decision(allow=True, always=True))
+            return [
+                request,
+                PermissionDecision(
+                    request_id=request_id, decision="allow", scope="always", by="rule:always"
+                ),
+            ]
+        self.client.hset(self.keys.permissions(self.run_id), request_id, json.dumps(record))
+        self._waiting[request_id] = _Waiting(ask, request_id, deadline, print_)
+        log.info(
+            "permission.requested",
+            extra={"run_id": self.run_id, "request_id": request_id, "tool": ask.tool},
+        )
+        return [request]
+
+    def _close(self, request_id: str, by: str, *, abort: bool) -> list[Event]:
+        """The worker answers: deny (unless a person's answer got in first)."""
+        text = _answer_json(False, False, by, None, self.clock())
+        try:
+            status, detail = self._script(
+                keys=self._keys(), args=[request_id, text, self.clock(), "1"]
+            )
+        except (redis.ConnectionError, redis.TimeoutError):
+            status, detail = "ok", ""  # denied here all the same; nothing waits on Redis
+        won = json.loads(detail) if status == "answered" else json.loads(text)
+        if abort and won.get("decision") == "allow":
+            won = json.loads(text)  # the turn is ending: nothing more runs
+        return self._apply(request_id, won, abort=abort)
+
+    def _keys(self) -> list[str]:
+        return [self.keys.permissions(self.run_id), self.keys.permission_answers(self.run_id)]
+
+    def _apply(
+        self, request_id: str, answer: dict[str, Any], *, abort: bool = False
+    ) -> list[Event]:
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is None:
+            return []
+        allow = answer.get("decision") == "allow"
+        always = allow and answer.get("scope") == "always"
+        message = answer.get("message") or None
+        by = str(answer.get("by") or "unknown")
+        if by == "worker:deadline":
+            message = f"No answer within {self.timeout_s:g}s: the tool call was denied."
+        if not self._answer(waiting.ask, Decision(allow, always, message, abort)) and allow:
+            # The harness no longer reads its stdin: the allow never reaches it.
+            allow, always, by = False, False, "worker:channel"
+            message = "the answer could not be delivered to the harness"
+            self._record(request_id, _answer_json(False, False, by, message, self.clock()))
+        if always:
+            try:
+                self.client.sadd(self.keys.permission_always(self.run_id), waiting.print)
+            except (redis.ConnectionError, redis.TimeoutError):
+                log.warning("permission.always_unrecorded", extra={"run_id": self.run_id})
+        log.info(
+            "permission.decided",
+            extra={
+                "run_id": self.run_id,
+                "request_id": request_id,
+                "decision": "allow" if allow else "deny",
+                "by": by,
+            },
+        )
+        return [
+            PermissionDecision(
+                request_id=request_id,
+                decision="allow" if allow else "deny",
+                scope="always" if always else "once",
+                by=by,
+                message=message,
+            )
+        ]
+
+    def _answer(self, ask: Ask, decision: Decision) -> bool:
+        """Hand the decision to the adapter and write its reply; False if it cannot be."""
+        assert self._state is not None
+        if decision.message is None and not decision.allow:
+            decision = Decision(False, False, DENIED_MESSAGE, decision.abort)
+        self._adapter.answer(self._state, ask, decision)
+        return self._flush()
+
+    def _flush(self) -> bool:
+        state, process = self._state, self._process
+        assert state is not None and process is not None
+        ok = True
+        while state.outbox:
+            ok = process.write(state.outbox.pop(0)) and ok
+        return ok
+
+    def _record(self, request_id: str, text: str) -> None:
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            self.client.hset(self.keys.permission_answers(self.run_id), request_id, text)

@@ -1,0 +1,330 @@
+"""Run budgets: what a run may spend, enforced before and during every turn (issue 18).
+
+A run's budget has four limits, each optional: ``max_cost_usd``, ``max_tokens`` (input,
+replayed context included, plus output), ``max_turns`` (turns begun, a turn the worker sends
+again after a park included) and ``max_wall_s`` (seconds its turns have run, in all). The
+producer names them at the start (``harness run --max-...``), the operator's settings give
+defaults and ceilings (``HARNESS_RUN_*``, ``HARNESS_MAX_RUN_*``), and ``harness budget``
+raises them later. The record's ``budget`` holds them; the worker clamps what it reads to the
+ceilings again (it never trusts what a producer wrote).
+
+* Before a turn: :func:`refusal` refuses a turn whose run has spent a limit (the client
+  refuses it even earlier, with :class:`~worker.errors.BudgetSpent`).
+* During a turn: a :class:`Guard` sees every ``usage`` event as it is published and the
+  clock at every poll of the read loop; a limit crossed stops the harness as a cancel does,
+  and the turn ends with a ``session-error`` of reason ``budget`` (not retryable). The
+  workspace and the vendor session are kept: after the budget is raised, the next turn
+  resumes the session. Cost is known only when a harness prices a usage event: harnesses that
+  price a turn only at its end (see docs/adapters.md) are held mid-turn by ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from adapters.events import (
+    AssistantText,
+    Event,
+    PermissionRequest,
+    SandboxActivity,
+    SessionError,
+    Usage,
+    session_error,
+)
+from config import Settings
+from worker.errors import InvalidInput
+from worker.options.spec import RunOptions
+from worker.store.records import RunRecord
+
+if TYPE_CHECKING:  # the client imports this module: it must not load the turn loop
+    from worker.turn.attempt import Publishing, UsageTotals
+
+LIMITS: tuple[str, ...] = ("max_cost_usd", "max_tokens", "max_turns", "max_wall_s")
+"""The budget's limits, as the run options, the record's ``budget`` and the CLI name them."""
+
+_CEILING = {
+    "max_cost_usd": "max_run_cost_usd",
+    "max_tokens": "max_run_tokens",
+    "max_turns": "max_run_turns",
+    "max_wall_s": "max_run_wall_s",
+}
+_DEFAULT = {
+    "max_cost_usd": "run_cost_usd",
+    "max_tokens": "run_tokens",
+    "max_turns": "run_turns",
+    "max_wall_s": "run_wall_s",
+}
+_INTEGRAL = frozenset({"max_tokens", "max_turns"})
+
+COST_AT_END: dict[str, bool] = {
+    "claude-code": True,
+    "codex": False,
+    "gemini": False,
+    "opencode": False,
+    "pi": False,
+    "stdio-json": False,
+}
+"""Per harness that prices turns (``cost_reporting``): True when its cost arrives only with
+the turn's final message (claude-code's ``result``), so that ``max_cost_usd`` can only refuse
+the next turn and ``max_tokens`` is what stops such a turn midway. Harnesses without
+``cost_reporting`` are False here and priced never. docs/adapters.md shows this table."""
+
+
+def _ceiling(settings: Settings, name: str) -> float | None:
+    value = getattr(settings, _CEILING[name])
+    return float(value) if value else None
+
+
+def _number(name: str, value: float) -> float | int:
+    return int(value) if name in _INTEGRAL else float(value)
+
+
+def initial(options: RunOptions, settings: Settings) -> dict[str, Any]:
+    """A new run's budget: the producer's limits, else the operator's defaults, else the
+    ceilings. InvalidInput when a limit asked for is above its ceiling."""
+    return check(
+        {name: getattr(options, name) for name in LIMITS},
+        settings,
+        fill=True,
+    )
+
+
+def check(asked: Mapping[str, Any], settings: Settings, *, fill: bool = False) -> dict[str, Any]:
+    """Limits as a producer asked for them, refused above the operator's ceilings. With
+    ``fill``, a limit not asked for takes the operator's default (or ceiling)."""
+    budget: dict[str, Any] = {}
+    for name in LIMITS:
+        value = asked.get(name)
+        ceiling = _ceiling(settings, name)
+        if value is None and fill:
+            default = getattr(settings, _DEFAULT[name]) or ceiling
+            value = min(default, ceiling) if default and ceiling else default
+        if value is None or value == 0:
+            if name in asked or fill:
+                budget[name] = None if ceiling is None else _number(name, ceiling)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise InvalidInput(f"{name}: must be a number above 0, not {value!r}")
+        if ceiling is not None and value > ceiling:
+            raise InvalidInput(
+                f"{name} {value:g} is above the operator's ceiling {ceiling:g} "
+                f"(HARNESS_{_CEILING[name].upper()})"
+            )
+        budget[name] = _number(name, value)
+    return budget
+
+
+def effective(record: RunRecord, settings: Settings) -> dict[str, Any]:
+    """The limits in force for a run: its record's budget (or, for a record without one, its
+    options and the operator's defaults), each clamped to the ceiling."""
+    budget = dict(record.budget)
+    if not budget and record.options is not None:
+        try:
+            budget = initial(record.options, settings)
+        except InvalidInput:
+            budget = {}
+    out: dict[str, Any] = {}
+    for name in LIMITS:
+        value, ceiling = budget.get(name), _ceiling(settings, name)
+        if ceiling is not None and (value is None or value > ceiling):
+            value = _number(name, ceiling)
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Spent:
+    """A run's spend: totals over its turns (the current one included when in a guard)."""
+
+    tokens: int
+    cost_usd: float | None
+    turns: int
+    wall_s: float
+
+    def of(self, name: str) -> float | None:
+        return {
+            "max_cost_usd": self.cost_usd,
+            "max_tokens": float(self.tokens),
+            "max_turns": float(self.turns),
+            "max_wall_s": self.wall_s,
+        }[name]
+
+
+def spent(record: RunRecord) -> Spent:
+    return Spent(
+        record.input_tokens + record.output_tokens,
+        record.cost_usd,
+        record.turns,
+        record.wall_s,
+    )
+
+
+@dataclass(frozen=True)
+class Over:
+    """A limit reached: which, and by how much (what the record's ``budget_exceeded`` says)."""
+
+    budget: str
+    limit: float
+    used: float
+    estimated: bool = False
+    """``used`` counts output the harness streamed but had not reported usage for yet."""
+
+    @property
+    def exceeded(self) -> dict[str, Any]:
+        over_by = self.used - self.limit
+        out: dict[str, Any] = {
+            "budget": self.budget,
+            "limit": self.limit,
+            "used": round(self.used, 6),
+            "over_by": round(over_by, 6) if not math.isclose(over_by, 0) else 0,
+        }
+        if self.estimated:
+            out["estimated"] = True
+        return out
+
+    def error(self, when: str) -> SessionError:
+        flag = "--" + self.budget.replace("_", "-")
+        about = " (estimated from its output so far)" if self.estimated else ""
+        return session_error(
+            f"the run's budget is spent {when}: {self.budget} {self.limit:g}, used "
+            f"{self.used:g}{about}; raise it with `harness budget RUN_ID {flag} N` and send the "
+            "next turn (the session and the workspace are kept)",
+            "budget",
+        )
+
+
+def first_over(budget: Mapping[str, Any], used: Spent, *, turn_starting: bool) -> Over | None:
+    """The first limit ``used`` has reached. A turn about to start needs room for itself: it
+    is refused when its number is above ``max_turns`` or a spend limit is already reached;
+    during a turn, a spend limit is crossed when exceeded."""
+    for name in LIMITS:
+        limit = budget.get(name)
+        value = used.of(name)
+        if limit is None or value is None:
+            continue
+        if name == "max_turns":
+            if turn_starting and value > limit:
+                return Over(name, float(limit), value)
+            continue
+        if value > limit or (turn_starting and value >= limit):
+            return Over(name, float(limit), value)
+    return None
+
+
+def refusal(record: RunRecord, settings: Settings) -> Over | None:
+    """Why a turn of this run may not start (its run's ``turns`` already counts it)."""
+    return first_over(effective(record, settings), spent(record), turn_starting=True)
+
+
+def submit_refusal(record: RunRecord, settings: Settings) -> Over | None:
+    """Why the run's next turn would be refused (the client asks before it begins one)."""
+    used = spent(record)
+    ahead = Spent(used.tokens, used.cost_usd, used.turns + 1, used.wall_s)
+    return first_over(effective(record, settings), ahead, turn_starting=True)
+
+
+class Guard:
+    """The budget of one turn in flight: told every usage total as it is published
+    (:meth:`on_usage`) and asked by the read loop's stop check (:meth:`stop_check`)."""
+
+    def __init__(self, record: RunRecord, settings: Settings) -> None:
+        self.budget = effective(record, settings)
+        self.before = spent(record)
+        self.started = time.monotonic()
+        self.over: Over | None = None
+        limits = self.budget
+        self._tokens = limits.get("max_tokens")
+        self._cost = limits.get("max_cost_usd")
+        self._wall = limits.get("max_wall_s")
+        self.active = any(limits.get(name) is not None for name in LIMITS)
+        self._estimate = 0
+        """Tokens estimated from output streamed since the last usage event."""
+
+    def on_event(self, event: Event, turn: UsageTotals) -> SessionError | None:
+        """Every event of the turn as it is published, with the turn's usage so far: the
+        budget error once a limit is crossed, else None.
+
+        Output streamed since the harness last reported usage counts as an estimate of its
+        tokens (a quarter of its characters): claude-code, codex and gemini report usage only
+        with their final message, and a budget must stop them midway all the same.
+        """
+        if self.over is not None:
+            return None
+        if isinstance(event, Usage):
+            self._estimate = 0
+        elif isinstance(event, AssistantText):
+            self._estimate += math.ceil(len(event.text) / 4)
+        elif isinstance(event, SandboxActivity | PermissionRequest):
+            self._estimate += math.ceil(len(event.description) / 4)
+        else:
+            return None
+        return self.on_usage(turn)
+
+    def on_usage(self, turn: UsageTotals) -> SessionError | None:
+        """The turn's usage so far against the token and cost limits."""
+        if self.over is not None:
+            return None
+        before = self.before
+        if self._tokens is not None:
+            used = before.tokens + turn.input_tokens + turn.output_tokens + self._estimate
+            if used > self._tokens:
+                over = Over("max_tokens", float(self._tokens), float(used), self._estimate > 0)
+                return self._crossed(over)
+        if self._cost is not None and turn.cost_usd is not None:
+            cost = (before.cost_usd or 0.0) + turn.cost_usd
+            if cost > self._cost:
+                return self._crossed(Over("max_cost_usd", float(self._cost), cost))
+        return None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def on_clock(self) -> SessionError | None:
+        if self._wall is None or self.over is not None:
+            return None
+        used = self.before.wall_s + self.elapsed()
+        if used > self._wall:
+            return self._crossed(Over("max_wall_s", float(self._wall), used))
+        return None
+
+    def _crossed(self, over: Over) -> SessionError:
+        self.over = over
+        return over.error("during the turn")
+
+    def stop_check(
+        self, inner: Callable[[], SessionError | None], out: Publishing
+    ) -> Callable[[], SessionError | None]:
+        """What the read loop asks every poll: a limit crossed by a usage event already
+        published (``out.halt``), then ``inner`` (cancel, shutdown), then the wall clock."""
+
+        def check() -> SessionError | None:
+            return out.halt or inner() or self.on_clock()
+
+        return check
+
+    def next_turn_refusal(self, turn: UsageTotals) -> Over | None:
+        """Why a turn after this one would be refused, this turn's usage counted."""
+        before = self.before
+        cost = before.cost_usd
+        if turn.cost_usd is not None:
+            cost = (cost or 0.0) + turn.cost_usd
+        after = Spent(
+            before.tokens + turn.input_tokens + turn.output_tokens,
+            cost,
+            before.turns + 1,
+            before.wall_s + self.elapsed(),
+        )
+        return first_over(self.budget, after, turn_starting=True)
+
+    def changes(self) -> dict[str, Any]:
+        """What the record keeps of this turn's spend: the run's wall time, and which limit
+        was crossed (a harness that finished its turn before we saw it is not stopped, but
+        the next turn is refused)."""
+        out: dict[str, Any] = {"wall_s": round(self.before.wall_s + self.elapsed(), 3)}
+        if self.over is not None:
+            out["budget_exceeded"] = self.over.exceeded
+        return out

@@ -1,0 +1,267 @@
+"""Concurrency per API key: at most N turns at once per granted credential, fleet-wide.
+
+``HARNESS_KEY_SLOTS`` names the limited grants (``OPENAI_API_KEY=4``). A turn whose run is
+granted one takes a *slot* of that credential before the worker claims it. The credential is
+known by a hash of its value (never the value: two grant names holding one key share its
+slots, two workers holding different values do not). Its slots live in Redis:
+
+- ``holders``: a sorted set of ``run_id/turn`` scored by when the hold lapses (a backstop:
+  the reaper releases a slot as soon as the heartbeat of the turn holding it is gone);
+- ``waiting``: a sorted set of the turns waiting, scored by when they first asked; ``who``
+  (a hash: member to producer) and ``seen`` (member to the last time it asked).
+
+Taking a slot is one Lua call (:data:`worker.store.lua.SLOT_TAKE`): the waiting turns are put in a
+fair order (a producer's k-th waiting turn, counting the slots it already holds, comes after
+every other producer's (k-1)-th; in order of asking within a rank, so nobody starves), and the
+first ``N - held`` of that order get a slot.
+
+A turn that gets none is **not** held by its worker: it is sent back to its queue with a
+countdown of ``HARNESS_SLOT_RETRY_S`` and asks again then. A worker process slot waiting on
+a key would be a slot another run's turn (on another key, or a turn already holding a slot)
+cannot use, and a fleet whose processes all wait would deadlock against turns queued behind
+them; a countdown in the broker costs nothing while it waits and survives the worker's
+restart. Meanwhile the run record's ``slot_wait`` says which grant, the turn's place and how
+many wait (``harness status``, and ``--follow`` says it once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.options.spec import RunOptions, TurnPayload
+from worker.spend import parking
+from worker.store import lua
+from worker.turn.deps import TurnDeps
+
+log = logging.getLogger(__name__)
+
+HOLD_BACKSTOP_S = 300.0
+"""A hold lapses this long after the longest turn could end, should everything else fail."""
+UNCLAIMED_GRACE_S = 60.0
+"""A slot taken by a turn no worker has claimed this long after (its worker died between
+taking the slot and claiming the turn) is released by the reaper."""
+
+
+def credential_hash(value: str) -> str:
+    """What names a credential in Redis: a hash of its value, never the value."""
+    return hashlib.sha256(b"harness-key-slot\0" + value.encode("utf-8")).hexdigest()[:32]
+
+
+def member(run_id: str, turn: int) -> str:
+    return f"{run_id}/{turn}"
+
+
+@dataclass
+class Hold:
+    """The slots a turn holds (none for a run on no limited grant)."""
+
+    deps: TurnDeps | None = None
+    held: list[str] = field(default_factory=list)
+    who: str = ""
+
+    def release(self) -> None:
+        if self.deps is None or not self.held:
+            return
+        scripts = lua.scripts(self.deps.redis)
+        for digest in self.held:
+            scripts.slot_release(*_keys(self.deps, digest), self.who)
+        self.held = []
+
+
+NO_HOLD = Hold()
+
+
+def _keys(deps: TurnDeps, digest: str) -> tuple[str, str, str, str]:
+    keys = deps.keys
+    return (
+        keys.slots(digest, "holders"),
+        keys.slots(digest, "waiting"),
+        keys.slots(digest, "who"),
+        keys.slots(digest, "seen"),
+    )
+
+
+def limited(options: RunOptions, limits: dict[str, str]) -> list[tuple[str, int, str]]:
+    """(grant, limit, credential hash) of each limited grant the run has a value for, in a
+    fixed order (two turns taking two keys take them in the same order)."""
+    out = []
+    for grant in sorted(set(options.grants)):
+        if grant not in limits:
+            continue
+        value = os.environ.get(grant)
+        if value is None:
+            continue  # the turn is refused later (grant not available on this worker)
+        out.append((grant, int(limits[grant]), credential_hash(value)))
+    return sorted(out, key=lambda item: item[2])
+
+
+@dataclass(frozen=True)
+class SlotWaiting:
+    """A notice: the turn waits for a concurrency slot of a key (``place`` 1 is next)."""
+
+    run_id: str
+    turn: int
+    grant: str
+    place: int
+    waiting: int
+    limit: int
+    since: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "notice": "waiting",
+            "for": "slot",
+            "run_id": self.run_id,
+            "turn": self.turn,
+            "grant": self.grant,
+            "place": self.place,
+            "waiting": self.waiting,
+            "limit": self.limit,
+            "since": self.since,
+        }
+
+
+def take(
+    deps: TurnDeps,
+    payload: TurnPayload,
+    options: RunOptions,
+    requeue: Callable[[dict[str, Any], str, float], None] | None = None,
+) -> Hold | None:
+    """Take a slot of every limited key of the run; None when the turn must wait, in which
+    case it has been sent back to its queue (``requeue``) to ask again later."""
+    limits = deps.settings.key_slots
+    if not limits or not options.grants:
+        return NO_HOLD
+    wanted = limited(options, limits)
+    if not wanted:
+        return NO_HOLD
+    run_id, turn = payload.run_id, payload.turn
+    who = member(run_id, turn)
+    if deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+        # Taken, cancelled or closed already: the claim decides. A turn no worker runs any
+        # more (cancelled while it waited) stops waiting, so it holds up nobody's place.
+        if not deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+            scripts = lua.scripts(deps.redis)
+            for _, _, digest in wanted:
+                scripts.slot_release(*_keys(deps, digest), who)
+        return NO_HOLD
+    producer = options.producer or ""
+    now = time.time()
+    hold = Hold(deps, [], who)
+    scripts = lua.scripts(deps.redis)
+    backstop = deps.settings.max_turn_timeout_s + HOLD_BACKSTOP_S
+    forget_after = max(30.0, 10 * deps.settings.slot_retry_s)
+    for grant, limit, digest in wanted:
+        got, place, waiting = scripts.slot_take(
+            *_keys(deps, digest), who, producer, limit, now, backstop, forget_after
+        )
+        deps.redis.sadd(deps.keys.slots_index(), digest)
+        if got:
+            hold.held.append(digest)
+            continue
+        hold.release()  # all or none: holding one key while waiting for another blocks both
+        _wait(deps, payload, grant, place, waiting, limit, now, requeue)
+        return None
+    if hold.held:
+        _clear_wait(deps, run_id)
+    return hold
+
+
+def _wait(
+    deps: TurnDeps,
+    payload: TurnPayload,
+    grant: str,
+    place: int,
+    waiting: int,
+    limit: int,
+    now: float,
+    requeue: Callable[[dict[str, Any], str, float], None] | None,
+) -> None:
+    run_id, turn = payload.run_id, payload.turn
+    record = deps.store.find(run_id)
+    if record is None:
+        return
+    previous = record.slot_wait or {}
+    since = previous.get("since") if previous.get("turn") == turn else None
+    wait = {
+        "turn": turn,
+        "grant": grant,
+        "place": place,
+        "waiting": waiting,
+        "limit": limit,
+        "since": since or now,
+    }
+    deps.store.update(run_id, slot_wait=wait)
+    key = deps.keys.turn_queued(run_id, turn)
+    text = deps.redis.get(key)
+    entry = json.loads(text) if text else {}
+    queue = str(entry.get("queue") or record.queue or "")
+    if entry:
+        # The reaper sends a turn nobody took again after HARNESS_RESEND_AFTER_S: this one is
+        # in the broker, counting down. Say when it was last sent, so it is not sent twice.
+        entry.setdefault("first_sent_at", entry.get("sent_at", now))
+        entry["sent_at"] = now + deps.settings.slot_retry_s
+        deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
+    log.info(
+        "turn.waiting_for_slot",
+        extra={"run_id": run_id, "turn": turn, "grant": grant, "place": place},
+    )
+    send = requeue or parking.sender(deps)
+    send(payload.model_dump(), queue, deps.settings.slot_retry_s)
+
+
+def _clear_wait(deps: TurnDeps, run_id: str) -> None:
+    record = deps.store.find(run_id)
+    if record is not None and record.slot_wait is not None:
+        deps.store.update(run_id, slot_wait=None)
+
+
+def waiting_notice(run_id: str, record: dict[str, Any]) -> SlotWaiting | None:
+    """The notice for a run record (typed, as the client reads it) whose current turn waits."""
+    wait = record.get("slot_wait")
+    turn = record.get("current_turn")
+    if not wait or wait.get("turn") != turn or record.get("status") not in ("starting", "running"):
+        return None
+    return SlotWaiting(
+        run_id,
+        int(turn),
+        str(wait.get("grant")),
+        int(wait.get("place") or 0),
+        int(wait.get("waiting") or 0),
+        int(wait.get("limit") or 0),
+        wait.get("since"),
+    )
+
+
+def reap(deps: TurnDeps) -> list[str]:
+    """Release slots whose turn's worker is gone: the turn was claimed and its owner
+    heartbeat lapsed (a lost worker), or no worker claimed it within UNCLAIMED_GRACE_S (its
+    worker died between taking the slot and claiming the turn); also lapsed holds."""
+    released: list[str] = []
+    keys, now = deps.keys, time.time()
+    backstop = deps.settings.max_turn_timeout_s + HOLD_BACKSTOP_S
+    scripts = lua.scripts(deps.redis)
+    for digest in deps.redis.smembers(keys.slots_index()):
+        holders, *_ = _keys(deps, digest)
+        entries = scripts.slot_holders(holders)
+        if not entries:
+            continue
+        for who, lapses in entries:
+            run_id, _, turn_text = who.rpartition("/")
+            turn = int(turn_text or 0)
+            taken_at = lapses - backstop
+            claimed = deps.redis.exists(keys.turn_started(run_id, turn))
+            alive = deps.redis.exists(keys.turn_owner(run_id, turn))
+            lost = (claimed and not alive) or (not claimed and now - taken_at > UNCLAIMED_GRACE_S)
+            if lost or lapses < now:
+                scripts.slot_release(*_keys(deps, digest), who)
+                released.append(f"{digest[:8]}:{who}")
+                log.warning("slot.released_lost", extra={"slot": digest[:8], "turn": who})
+    return released

@@ -1,0 +1,236 @@
+"""Every Redis key name, in one place (CONTRACT.md, "Redis layout")."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+#: What a Redis command takes as a value (redis-py encodes numbers itself).
+Value: TypeAlias = str | int | float
+#: One stream entry as ``decode_responses=True`` returns it: its id and its fields.
+StreamEntry: TypeAlias = tuple[str, dict[str, str]]
+
+
+class Script(Protocol):
+    """A Lua script registered on a client (``register_script``): called by EVALSHA, loaded
+    again by itself when Redis has forgotten it."""
+
+    def __call__(self, keys: Sequence[str] = ..., args: Sequence[Value] = ...) -> Any: ...
+
+
+class SyncPipeline(Protocol):
+    """The commands we queue on a pipeline; :meth:`execute` returns their replies in order."""
+
+    def set(self, name: str, value: Value, ex: int | None = None) -> SyncPipeline: ...
+
+    def hset(
+        self,
+        name: str,
+        key: str | None = None,
+        value: Value | None = None,
+        mapping: Mapping[str, Value] | None = None,
+    ) -> SyncPipeline: ...
+
+    def sadd(self, name: str, *values: str) -> SyncPipeline: ...
+
+    def srem(self, name: str, *values: str) -> SyncPipeline: ...
+
+    def delete(self, *names: str) -> SyncPipeline: ...
+
+    def expire(self, name: str, time: int) -> SyncPipeline: ...
+
+    def execute_command(self, *args: Value) -> SyncPipeline: ...
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]: ...
+
+
+class RedisClient(Protocol):
+    """A synchronous ``redis.Redis`` with ``decode_responses=True``, as we use it.
+
+    redis-py annotates every command ``Awaitable[T] | T`` (one signature for its sync and
+    asyncio clients), so its own class types correct synchronous code as errors. This is
+    the subset of commands we call, with the replies a synchronous client returns. A
+    ``redis.Redis`` (or ``fakeredis.FakeRedis``) becomes one where it is created: with a
+    ``cast``, since it matches only at run time.
+    """
+
+    def get(self, name: str) -> str | None: ...
+
+    def set(
+        self,
+        name: str,
+        value: Value,
+        ex: int | None = None,
+        px: int | None = None,
+        nx: bool = False,
+    ) -> bool | None: ...
+
+    def delete(self, *names: str) -> int: ...
+
+    def exists(self, *names: str) -> int: ...
+
+    def expire(self, name: str, time: int) -> bool: ...
+
+    def hgetall(self, name: str) -> dict[str, str]: ...
+
+    def hset(
+        self,
+        name: str,
+        key: str | None = None,
+        value: Value | None = None,
+        mapping: Mapping[str, Value] | None = None,
+    ) -> int: ...
+
+    def hkeys(self, name: str) -> list[str]: ...
+
+    def hmget(self, name: str, keys: Sequence[str]) -> list[str | None]: ...
+
+    def sadd(self, name: str, *values: str) -> int: ...
+
+    def srem(self, name: str, *values: str) -> int: ...
+
+    def smembers(self, name: str) -> builtins.set[str]: ...
+
+    def sismember(self, name: str, value: str) -> bool: ...
+
+    def rpush(self, name: str, *values: Value) -> int: ...
+
+    def lrange(self, name: str, start: int, end: int) -> list[str]: ...
+
+    def xrange(
+        self, name: str, min: str = "-", max: str = "+", count: int | None = None
+    ) -> list[StreamEntry]: ...
+
+    def xrevrange(
+        self, name: str, max: str = "+", min: str = "-", count: int | None = None
+    ) -> list[StreamEntry]: ...
+
+    def xread(
+        self, streams: Mapping[str, str], count: int | None = None, block: int | None = None
+    ) -> list[tuple[str, list[StreamEntry]]]: ...
+
+    def register_script(self, script: str) -> Script: ...
+
+    def pipeline(self, transaction: bool = True) -> SyncPipeline: ...
+
+    def ping(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+#: The synchronous client with ``decode_responses=True``, as our code uses it (the protocol
+#: above; ``worker/store/redis_client.py``, ``worker/cli/doctor.py`` cast redis-py's client to it).
+SyncRedis: TypeAlias = RedisClient
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "harness"
+
+    def run(self, run_id: str) -> str:
+        """The run record (a hash)."""
+        return f"{self.prefix}:run:{run_id}"
+
+    def events(self, run_id: str) -> str:
+        """The run's event stream; entry ids are ``{turn}-{seq}``."""
+        return f"{self.prefix}:run:{run_id}:events"
+
+    def transcript(self, run_id: str) -> str:
+        """A list of the run's turns (input and final answer), replayed when resume fails."""
+        return f"{self.prefix}:run:{run_id}:transcript"
+
+    def turn_queued(self, run_id: str, turn: int) -> str:
+        """The turn's payload while it waits to be taken: the reaper re-sends it from here if
+        the broker loses its message (a worker killed while holding it)."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:queued"
+
+    def turn_started(self, run_id: str, turn: int) -> str:
+        """Set once when a worker takes a turn: a redelivered turn never runs twice."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:started"
+
+    def turn_owner(self, run_id: str, turn: int) -> str:
+        """The owning worker's heartbeat (expires when it dies)."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:owner"
+
+    def cancel(self, run_id: str, turn: int) -> str:
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:cancel"
+
+    def credential(self, run_id: str) -> str:
+        return f"{self.prefix}:run:{run_id}:credential"
+
+    def upload(self, run_id: str) -> str:
+        """A list of the chunks of the archive a producer uploaded to seed the run (binary;
+        deleted once the first turn has unpacked it, or expires)."""
+        return f"{self.prefix}:run:{run_id}:upload"
+
+    def reply(self, run_id: str, request_id: str) -> str:
+        """A list of the chunks of one diff, export or rewind reply (binary), read and
+        emptied by the producer that asked, expiring if it went away."""
+        return f"{self.prefix}:run:{run_id}:reply:{request_id}"
+
+    def rewinds(self, run_id: str) -> str:
+        """A list of rewinds done since the last turn (JSON): the next turn publishes each as
+        a ``workspace`` event after its ``turn-started``."""
+        return f"{self.prefix}:run:{run_id}:rewinds"
+
+    def workspace_lock(self, run_id: str) -> str:
+        """Held while a rewind rewrites the workspace: a turn waits for it to be released."""
+        return f"{self.prefix}:run:{run_id}:workspace-lock"
+
+    def permissions(self, run_id: str) -> str:
+        """A hash of the run's permission requests (request id to JSON: tool, input, turn,
+        deadline), pending or answered (worker/permissions/requests.py)."""
+        return f"{self.prefix}:run:{run_id}:permissions"
+
+    def permission_answers(self, run_id: str) -> str:
+        """A hash of request id to its answer (JSON); the first answer written wins."""
+        return f"{self.prefix}:run:{run_id}:permission-answers"
+
+    def permission_always(self, run_id: str) -> str:
+        """A set of fingerprints (tool and input) allowed for the rest of the run."""
+        return f"{self.prefix}:run:{run_id}:permission-always"
+
+    def run_keys(self, run_id: str) -> tuple[str, ...]:
+        """Keys that share the run's retention."""
+        return (
+            self.run(run_id),
+            self.events(run_id),
+            self.transcript(run_id),
+            self.rewinds(run_id),
+            self.permissions(run_id),
+            self.permission_answers(run_id),
+            self.permission_always(run_id),
+        )
+
+    def slots(self, credential: str, part: str) -> str:
+        """One part (``holders``, ``waiting``, ``who``, ``seen``) of the concurrency slots of
+        a credential, named by a hash of its value (worker/spend/slots.py)."""
+        return f"{self.prefix}:slots:{credential}:{part}"
+
+    def slots_index(self) -> str:
+        """A set of the credential hashes that have slots (for the reaper)."""
+        return f"{self.prefix}:slots"
+
+    def runs_index(self) -> str:
+        """A set of run ids that may still hold a sandbox (for the reaper)."""
+        return f"{self.prefix}:runs:active"
+
+    def hosts(self) -> str:
+        """A hash of every host queue a worker ever announced (for the reaper's fan-out)."""
+        return f"{self.prefix}:hosts"
+
+    def host_alive(self, queue: str) -> str:
+        """Set, with a short expiry, while a live worker consumes this queue (a host queue or
+        a harness queue)."""
+        return f"{self.prefix}:host:{queue}"
+
+    def worker_alive(self, worker_id: str) -> str:
+        """Set, with a short expiry, while this worker process is up and consuming."""
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def reaper_lock(self, scope: str) -> str:
+        """Held by the worker running a reaper pass over ``scope`` (``fleet`` or a host
+        queue), so that passes over the same things never overlap."""
+        return f"{self.prefix}:reaper:{scope}"

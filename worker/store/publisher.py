@@ -1,0 +1,199 @@
+"""Publishing a turn's events to the run's Redis stream, in order, never twice, never lost.
+
+Entry ids are ``{turn}-{seq}``. Events are sent in batches, one round trip per chunk of
+harness output: a few as pipelined XADDs, more as one script call per 1,000 (worker/store/lua.py's
+XADD_BATCH). While Redis is unreachable they wait in memory and are sent, in order, once it
+is back. A retried batch is harmless: Redis refuses an id it
+already has, and that refusal counts as delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+import redis
+
+from adapters.events import Event
+from worker.observe import metrics
+from worker.store.keys import Keys, SyncRedis
+from worker.store.lua import scripts
+
+log = logging.getLogger(__name__)
+
+MASK = "[masked]"
+SCRIPT_BATCH = 1000
+"""Events per script call: Redis runs a call whole, and 1,000 XADDs take it about 3 ms."""
+SCRIPT_MIN = 16
+"""Fewer events than this go as pipelined XADDs: a script call costs Redis ~5-10 us of its
+own, which a batch of one or two events would pay alone (docs/performance.md, row 10)."""
+_DUPLICATE_ID = "equal or smaller than the target stream top item"
+
+
+class Masker:
+    """Replaces granted secret values wherever they appear in published text."""
+
+    def __init__(self, secrets: Mapping[str, str] | Iterable[str] = ()) -> None:
+        values = secrets.values() if isinstance(secrets, Mapping) else secrets
+        forms: set[str] = set()
+        for value in values:
+            if len(value) < 4:  # too short to mask without destroying ordinary text
+                continue
+            forms.add(value)
+            forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
+            forms.add(json.dumps(value)[1:-1])
+        self._forms = sorted(forms, key=len, reverse=True)
+
+    def __bool__(self) -> bool:
+        return bool(self._forms)
+
+    def mask(self, text: str) -> str:
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        return text
+
+
+class RedisStreamPublisher:
+    """Publishes one turn's events with ids ``{turn}-{seq}``."""
+
+    def __init__(
+        self,
+        client: SyncRedis,
+        keys: Keys,
+        run_id: str,
+        turn: int,
+        *,
+        maxlen: int,
+        masker: Masker | None = None,
+        start_seq: int = 0,
+        retry_interval_s: float = 0.25,
+    ) -> None:
+        self._redis = client
+        self._key = keys.events(run_id)
+        self.turn = turn
+        self.seq = start_seq
+        self._maxlen = maxlen
+        self._masker = masker or Masker()
+        self._scripts = scripts(client)
+        self._pending: deque[tuple[str, str, str, str]] = deque()
+        """(entry id, type, data, ts) of every event not yet stored."""
+        self._retry_interval = retry_interval_s
+        self._next_try = 0.0
+        self.published = 0
+        self.retries = 0
+
+    @property
+    def key(self) -> str:
+        """The run's stream."""
+        return self._key
+
+    @property
+    def masker(self) -> Masker:
+        return self._masker
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def publish(self, events: Iterable[Event]) -> bool:
+        """Queue the events and try to send everything pending. True when nothing is left."""
+        ts = f"{time.time():.6f}"
+        masker = self._masker if self._masker else None
+        pending, turn, seq = self._pending, self.turn, self.seq
+        for event in events:
+            data = event.data_json()
+            if masker is not None:
+                data = masker.mask(data)
+            pending.append((f"{turn}-{seq}", event.type, data, ts))
+            seq += 1
+        self.seq = seq
+        return self.flush()
+
+    def flush(self, *, force: bool = False) -> bool:
+        if not self._pending:
+            return True
+        now = time.monotonic()
+        if not force and now < self._next_try:
+            return False
+        batch = list(self._pending)
+        delivered = 0
+        try:
+            if len(batch) < SCRIPT_MIN:
+                delivered = self._xadd_pipelined(batch)
+            else:
+                # One script call per chunk of the batch (worker/store/lua.py, XADD_BATCH): redis-py
+                # packed and parsed one XADD per event, most of our cost per event. The chunk
+                # bounds how long Redis is busy with one call (~3 ms).
+                for at in range(0, len(batch), SCRIPT_BATCH):
+                    chunk = batch[at : at + SCRIPT_BATCH]
+                    delivered += self._scripts.xadd_batch(self._key, self._maxlen, chunk)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._done(batch, delivered)
+            self.retries += 1
+            metrics.publish_retried()
+            self._next_try = now + self._retry_interval
+            if self.retries == 1 or self.retries % 20 == 0:
+                log.warning(
+                    "stream.publish_retry",
+                    extra={"stream": self._key, "pending": len(self._pending), "error": str(exc)},
+                )
+            return False
+        self._done(batch, delivered)
+        if delivered < len(batch):  # the connection dropped after some of a pipeline
+            self.retries += 1
+            metrics.publish_retried()
+            self._next_try = now + self._retry_interval
+            return False
+        return True
+
+    def _xadd_pipelined(self, batch: list[tuple[str, str, str, str]]) -> int:
+        """A few events: one XADD each in one pipeline (a script call costs Redis more than
+        a few XADDs). Returns how many of the batch the stream now holds, in order."""
+        pipe = self._redis.pipeline(transaction=False)
+        # XADD key MAXLEN ~ n id type T data D ts S: the command pipe.xadd() builds, without
+        # its per-call argument checks.
+        command, key, maxlen = pipe.execute_command, self._key, self._maxlen
+        for entry_id, kind, data, ts in batch:
+            command(
+                "XADD", key, "MAXLEN", "~", maxlen, entry_id, "type", kind, "data", data, "ts", ts
+            )
+        delivered = 0
+        for result in pipe.execute(raise_on_error=False):
+            if isinstance(result, redis.ConnectionError | redis.TimeoutError):
+                break
+            if isinstance(result, Exception) and _DUPLICATE_ID not in str(result):
+                raise result
+            delivered += 1
+        return delivered
+
+    def _done(self, batch: list[tuple[str, str, str, str]], delivered: int) -> None:
+        for _ in range(delivered):
+            self._pending.popleft()
+        self.published += delivered
+        metrics.events_published(kind for _, kind, _, _ in batch[:delivered])
+
+    def drain(self, timeout_s: float) -> bool:
+        """Keep trying until everything pending is sent or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while not self.flush(force=True):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self._retry_interval)
+        return True
+
+
+def last_seq(client: SyncRedis, keys: Keys, run_id: str, turn: int) -> tuple[int, str | None]:
+    """The next free seq of a turn, and the type of its last event (None if it has none)."""
+    entries = client.xrevrange(
+        keys.events(run_id), max=f"{turn}-18446744073709551615", min=f"{turn}-0", count=1
+    )
+    if not entries:
+        return 0, None
+    entry_id, fields = entries[0]
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    kind = fields.get("type") if isinstance(fields, dict) else None
+    return int(str(entry_id).split("-")[1]) + 1, kind

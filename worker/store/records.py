@@ -1,0 +1,342 @@
+"""Run records: the hash ``harness:run:{run_id}`` (CONTRACT.md, "Run record").
+
+:class:`RunRecord` is the record, typed; its codec is the only code that turns its fields into
+Redis strings and back, by each field's declared type. :class:`RecordChanges` names what a
+write may change. :class:`RunStore` reads and writes records (its atomic steps are the Lua
+scripts of :mod:`worker.store.lua`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict, Unpack
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.errors import RunBusy, RunEnded, RunNotFound
+from worker.options.spec import RunOptions
+from worker.store import lua
+from worker.store.keys import Keys, RedisClient
+
+RunStatus = Literal["starting", "running", "idle", "parked", "ended", "failed"]
+
+CONTRACT_FIELDS = (
+    "run_id",
+    "harness",
+    "status",
+    "turns",
+    "session_id",
+    "resumed",
+    "model_requested",
+    "model_reported",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "sandbox",
+    "container_id",
+    "queue",
+    "created_at",
+    "updated_at",
+    "last_error",
+)
+
+IN_FLIGHT: tuple[RunStatus, ...] = ("starting", "running")
+FINISHED: tuple[RunStatus, ...] = ("ended", "failed")
+
+
+class RunRecord(BaseModel):
+    """One run's record. In Redis every field is a string: an integer or a float as its
+    decimal text, a boolean as ``1`` or ``0``, a model, dict or list as JSON, and unknown
+    (None) as the empty string. :meth:`decode` and :meth:`encode` are that codec."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str
+    harness: str = ""
+    status: RunStatus
+    turns: int = 0
+    current_turn: int | None = None
+    """The turn in flight, or the last one; what ``turns`` was when it began."""
+    session_id: str | None = None
+    resumed: bool | None = None
+    model_requested: str | None = None
+    model_reported: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float | None = None
+    """None until a harness prices a turn."""
+    sandbox: str | None = None
+    container_id: str | None = None
+    queue: str | None = None
+    """Where the run's later turns go: its sandbox's host queue once it has one."""
+    created_at: float | None = None
+    updated_at: float | None = None
+    last_error: str | None = None
+    options: RunOptions | None = None
+    carry: dict[str, Any] = Field(default_factory=dict)
+    """What the adapter's last turn left for the next (``TurnRequest.carry``)."""
+    lease_until: float | None = None
+    """Unix time until which the run's sandbox is kept without a turn."""
+    warnings: list[str] | None = None
+    seed: str | None = None
+    """What the workspace was seeded from: ``repo URL@commit`` or ``archive sha256:...``."""
+    snapshot: str | None = None
+    """The id of the workspace's latest snapshot (after a turn or a rewind)."""
+    budget: dict[str, Any] = Field(default_factory=dict)
+    """The run's budget (``worker.spend.budgets``): ``max_cost_usd``, ``max_tokens``, ``max_turns``,
+    ``max_wall_s`` (null: none), as set at the start and raised by ``harness budget``."""
+    budget_exceeded: dict[str, Any] | None = None
+    """Which budget stopped or refused the last turn and by how much (``budget``, ``limit``,
+    ``used``, ``over_by``); cleared when the budget is raised past it."""
+    wall_s: float = 0.0
+    """Seconds the run's turns have run, in all."""
+    resume_at: float | None = None
+    """While ``parked``: unix time at which the worker sends the turn again."""
+    parks: int = 0
+    """Times the run was parked in a row (reset by a turn that is not limited)."""
+    network: str | None = None
+    """The network mode of the run's sandbox (``none``, ``bridge``, ``host``, ``egress``)."""
+    egress_allow: list[str] | None = None
+    """With network ``egress``: the ``host:port`` pairs the run may reach (operator policy)."""
+    slot_wait: dict[str, Any] | None = None
+    """While the current turn waits for a concurrency slot of a key (``worker.spend.slots``):
+    ``grant``, ``place`` (1 is next), ``waiting``, ``limit``, ``since``."""
+
+    @classmethod
+    def decode(cls, raw: Mapping[str, str]) -> RunRecord:
+        """A record from the strings Redis holds (fields we do not know are ignored)."""
+        values = {
+            name: _CODECS[name][1](text)
+            for name, text in raw.items()
+            if name in _CODECS and text != ""
+        }
+        return cls.model_validate(values)
+
+    def encode(self) -> dict[str, str]:
+        """Every field as the string Redis holds."""
+        return encode({name: getattr(self, name) for name in type(self).model_fields})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as JSON-able typed values (``harness status --json``), null for unknown."""
+        return self.model_dump(mode="json")
+
+
+class RecordChanges(TypedDict, total=False):
+    """What a write to a record may change, typed as in :class:`RunRecord` (a test keeps the
+    two in step); None makes a field unknown again."""
+
+    status: RunStatus
+    session_id: str | None
+    resumed: bool | None
+    model_reported: str | None
+    sandbox: str | None
+    container_id: str | None
+    queue: str | None
+    last_error: str | None
+    carry: dict[str, Any]
+    lease_until: float | None
+    warnings: list[str] | None
+    seed: str | None
+    snapshot: str | None
+    budget: dict[str, Any]
+    budget_exceeded: dict[str, Any] | None
+    wall_s: float
+    resume_at: float | None
+    parks: int
+    network: str | None
+    egress_allow: list[str] | None
+    slot_wait: dict[str, Any] | None
+
+
+def encode(fields: Mapping[str, Any]) -> dict[str, str]:
+    """Fields of a record (all or some) as the strings Redis holds."""
+    return {name: _CODECS[name][0](value) for name, value in fields.items()}
+
+
+def _encode_text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _encode_int(value: Any) -> str:
+    return "" if value is None else str(int(value))
+
+
+def _encode_float(value: Any) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _encode_bool(value: Any) -> str:
+    return "" if value is None else ("1" if value else "0")
+
+
+def _encode_json(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return json.dumps(value)
+
+
+_Codec = tuple[Callable[[Any], str], Callable[[str], Any]]
+
+_BY_TYPE: dict[object, _Codec] = {
+    str: (_encode_text, str),
+    int: (_encode_int, lambda text: int(float(text))),
+    float: (_encode_float, float),
+    bool: (_encode_bool, lambda text: text == "1"),
+}
+_JSON: _Codec = (_encode_json, json.loads)
+
+
+def _codec(annotation: Any) -> _Codec:
+    """The codec of a declared type: that of ``X`` for ``X | None``, text for a Literal."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        (annotation,) = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return _BY_TYPE[str]
+    return _BY_TYPE.get(annotation, _JSON)
+
+
+_CODECS: dict[str, _Codec] = {
+    name: _codec(info.annotation) for name, info in RunRecord.model_fields.items()
+}
+
+
+@dataclass
+class RunStore:
+    redis: RedisClient
+    keys: Keys
+    retention_s: int
+
+    def __post_init__(self) -> None:
+        self._scripts = lua.scripts(self.redis)
+
+    def create(
+        self,
+        run_id: str,
+        options: RunOptions,
+        queue: str,
+        sandbox: str,
+        budget: dict[str, Any] | None = None,
+    ) -> None:
+        now = time.time()
+        record = RunRecord(
+            run_id=run_id,
+            harness=options.harness,
+            status="starting",
+            turns=1,
+            current_turn=1,
+            model_requested=options.model,
+            sandbox=sandbox,
+            queue=queue,
+            created_at=now,
+            updated_at=now,
+            options=options,
+            budget=budget or {},
+        )
+        pipe = self.redis.pipeline()
+        pipe.hset(self.keys.run(run_id), mapping=record.encode())
+        pipe.sadd(self.keys.runs_index(), run_id)
+        pipe.execute()
+
+    def raw(self, run_id: str) -> dict[str, str]:
+        """The record's strings, as Redis holds them."""
+        data = self.redis.hgetall(self.keys.run(run_id))
+        if not data:
+            raise RunNotFound(run_id)
+        return data
+
+    def find(self, run_id: str) -> RunRecord | None:
+        """The record, or None when there is none. A hash without a status is none either:
+        what a write raced with the record's deletion left of it."""
+        data = self.redis.hgetall(self.keys.run(run_id))
+        if "status" not in data:
+            return None
+        return RunRecord.decode({"run_id": run_id, **data})
+
+    def record(self, run_id: str) -> RunRecord:
+        found = self.find(run_id)
+        if found is None:
+            raise RunNotFound(run_id)
+        return found
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        """The record as typed JSON-able values (see :meth:`RunRecord.as_dict`)."""
+        return self.record(run_id).as_dict()
+
+    def options(self, run_id: str) -> RunOptions:
+        options = self.record(run_id).options
+        if options is None:
+            raise RunNotFound(run_id)
+        return options
+
+    def begin_turn(self, run_id: str) -> int:
+        code, detail = self._scripts.begin_turn(self.keys.run(run_id), time.time())
+        if code == -1:
+            raise RunNotFound(run_id)
+        if code == -2:
+            raise RunBusy(run_id, int(detail) if detail else None)
+        if code == -3:
+            raise RunEnded(run_id, detail)
+        return code
+
+    def mark_running(self, run_id: str) -> None:
+        self._scripts.mark_running(self.keys.run(run_id), time.time())
+
+    def update(self, run_id: str, **changes: Unpack[RecordChanges]) -> None:
+        """Change some fields (and ``updated_at``)."""
+        encoded = encode({**changes, "updated_at": time.time()})
+        self.redis.hset(self.keys.run(run_id), mapping=encoded)
+
+    def finish_turn(
+        self,
+        run_id: str,
+        turn: int,
+        *,
+        status: RunStatus,
+        usage: tuple[int, int, int, float | None],
+        changes: RecordChanges | None = None,
+    ) -> bool:
+        """Write the turn's ``changes``, add its usage to the run totals and set the run idle
+        (or failed) if the turn is still its current one. False when it is not (or the
+        record is gone)."""
+        input_tokens, output_tokens, cached, cost = usage
+        return self._scripts.finish_turn(
+            self.keys.run(run_id),
+            turn,
+            status,
+            time.time(),
+            (input_tokens, output_tokens, cached),
+            cost,
+            encode(changes or {}),
+        )
+
+    def queued_since(self, run_id: str, turn: int) -> float | None:
+        """When a turn no worker has taken yet was first sent (its queued entry, which the
+        reaper rewrites when it sends the turn again), or None when there is no such entry."""
+        text = self.redis.get(self.keys.turn_queued(run_id, turn))
+        if not text:
+            return None
+        entry = json.loads(text)
+        first = entry.get("first_sent_at", entry.get("sent_at"))
+        return None if first is None else float(first)
+
+    def expire(self, run_id: str, seconds: int) -> None:
+        pipe = self.redis.pipeline()
+        for key in self.keys.run_keys(run_id):
+            pipe.expire(key, seconds)
+        pipe.execute()
+
+    def append_transcript(self, run_id: str, turn: int, text_in: str, text_out: str) -> None:
+        entry = json.dumps({"turn": turn, "input": text_in, "output": text_out})
+        self.redis.rpush(self.keys.transcript(run_id), entry)
+
+    def transcript(self, run_id: str) -> list[dict[str, Any]]:
+        raw = self.redis.lrange(self.keys.transcript(run_id), 0, -1)
+        return [json.loads(item) for item in raw]

@@ -1,0 +1,221 @@
+"""One harness process, from start to its terminal event: the read loop of a turn.
+
+Output is fed to the stream driver as it arrives and published chunk by chunk; the terminal
+event is held back and returned, so the caller can update the run record (or retry fresh
+after a rejected resume) before consumers see the turn end. Cancel, turn and idle timeouts
+and worker shutdown are checked here, independently of the Celery pool type.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adapters.events import Event, Session, SessionError, TurnComplete, Usage, session_error
+from adapters.protocol import ExitInfo
+from adapters.stream import DEFAULT_MAX_LINE_BYTES, StreamDriver
+from sandbox.base import Process
+from worker.permissions.requests import Gate
+from worker.store.publisher import RedisStreamPublisher
+
+log = logging.getLogger(__name__)
+
+STDERR_KEEP = 8192
+POLL_S = 0.2
+BATCH_BYTES = 256 * 1024
+"""Output already waiting is fed and published together up to about this much."""
+EXIT_AFTER_EOF_S = 0.5
+"""Once the harness closed its stdout and stderr it is exiting: how long to let it finish
+before it is killed. Without this wait, a process caught between closing its pipes and
+being reaped was SIGTERMed (and the group scan and kill cost up to ~50 ms per turn)."""
+
+
+@dataclass
+class Limits:
+    deadline: float
+    """Monotonic time at which the turn times out."""
+    idle_s: float
+    exit_grace_s: float
+    kill_grace_s: float
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+
+@dataclass
+class UsageTotals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float | None = None
+
+    def add(self, usage: Usage) -> None:
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cached_input_tokens += usage.cached_input_tokens
+        if usage.cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + usage.cost_usd
+
+    def as_tuple(self) -> tuple[int, int, int, float | None]:
+        return (self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cost_usd)
+
+
+@dataclass
+class Outcome:
+    terminal: Event
+    exit_code: int | None
+    stderr_tail: str
+
+
+class Publishing:
+    """Publishes events as they come, keeping the facts the run record needs."""
+
+    def __init__(self, publisher: RedisStreamPublisher) -> None:
+        self.publisher = publisher
+        self.usage = UsageTotals()
+        self.sessions: list[Session] = []
+        self.text_parts: list[str] = []
+        self.guard: Callable[[Event, UsageTotals], SessionError | None] | None = None
+        """Told every event with the turn's usage so far (the run's budget,
+        :class:`worker.spend.budgets.Guard`); what it returns stops the harness (:attr:`halt`)."""
+        self.halt: SessionError | None = None
+
+    def send(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, Usage):
+                self.usage.add(event)
+            elif isinstance(event, Session):
+                self.sessions.append(event)
+            if self.guard is not None and self.halt is None:
+                self.halt = self.guard(event, self.usage)
+        self.publisher.publish(events)
+
+
+def drive(
+    process: Process,
+    driver: StreamDriver,
+    out: Publishing,
+    limits: Limits,
+    should_stop: Callable[[], SessionError | None],
+    gate: Gate | None = None,
+) -> Outcome:
+    """Run one process to the end of its turn; always leaves the process dead.
+
+    With a ``gate`` (``--posture ask``) the harness's permission requests are published and
+    answered here; while one waits the turn and idle timeouts stand still (the gate's own
+    deadline runs instead)."""
+    stderr = bytearray()
+    out.send(driver.start())  # empty when the caller already published turn-started
+    last_output = time.monotonic()
+    terminal_at: float | None = None
+    next_check = 0.0
+    stop: SessionError | None = None
+    previous = last_output
+    try:
+        while True:
+            now = time.monotonic()
+            if gate is not None and gate.waiting:
+                limits.deadline += now - previous
+                last_output = now
+            previous = now
+            if driver.done:
+                if terminal_at is None and gate is not None:
+                    gate.turn_over()
+                terminal_at = terminal_at or now
+                if process.eof or now - terminal_at >= limits.exit_grace_s:
+                    break
+            else:
+                timed_out = now >= limits.deadline or now - last_output >= limits.idle_s
+                if timed_out or now >= next_check:
+                    # A cancel (or shutdown) that came in while we were busy wins over a
+                    # timeout that expired meanwhile: it is what the producer asked for.
+                    next_check = now + POLL_S
+                    stop = should_stop()
+                    if stop is None and gate is not None:
+                        out.send(gate.poll())
+                if stop is None and now >= limits.deadline:
+                    stop = session_error("the turn timed out", "timeout")
+                elif stop is None and now - last_output >= limits.idle_s:
+                    stop = session_error(
+                        f"the harness produced no output for {limits.idle_s:g}s", "timeout"
+                    )
+                if stop is not None:
+                    break
+                if process.eof:
+                    break
+            chunk = process.read(POLL_S)
+            if chunk is None:
+                continue
+            last_output = time.monotonic()
+            # Take whatever else has already arrived (never waiting for more) and publish it
+            # as one batch: a Docker exec delivers output in frames of a few KiB, and one
+            # round trip per frame cost more than the events in it.
+            stdout: list[bytes] = []
+            size = 0
+            while chunk is not None:
+                if chunk.stream == "stdout":
+                    stdout.append(chunk.data)
+                    size += len(chunk.data)
+                else:
+                    stderr += chunk.data
+                    if len(stderr) > STDERR_KEEP:
+                        del stderr[: len(stderr) - STDERR_KEEP]
+                chunk = process.read(0) if size < BATCH_BYTES else None
+            if stdout:
+                events = driver.feed(stdout[0] if len(stdout) == 1 else b"".join(stdout))
+                out.send([e for e in events if not e.terminal])
+                if gate is not None:
+                    out.send(gate.collect())
+                if out.halt is not None and not driver.done:
+                    stop = out.halt  # a budget crossed: stopped at once, as a cancel is
+                    break
+    finally:
+        if gate is not None:
+            # Before the process is stopped: what is pending is denied, and the harness told.
+            try:
+                out.send(gate.close(stop))
+            except Exception:  # the process must be stopped whatever happened
+                log.exception("permission.close_failed", extra={"stream": out.publisher.key})
+        ending = stop is None and process.eof
+        exit_code = process.wait(min(EXIT_AFTER_EOF_S, limits.exit_grace_s) if ending else 0)
+        if exit_code is None:
+            process.kill(grace=limits.kill_grace_s)
+            exit_code = process.wait(limits.kill_grace_s + 5)
+    tail = stderr.decode("utf-8", errors="replace")
+    if stop is not None:
+        events = driver.fail(
+            stop.model_copy(update={"exit_code": exit_code, "stderr_tail": tail[-2000:]})
+        )
+    else:
+        events = driver.finish(ExitInfo(exit_code, tail))
+    out.send([e for e in events if not e.terminal])
+    _log_counters(driver, out.publisher)
+    terminal = driver.terminal
+    assert terminal is not None  # finish() and fail() always leave one
+    if isinstance(terminal, TurnComplete | SessionError) and terminal.exit_code is None:
+        terminal = terminal.model_copy(update={"exit_code": exit_code})
+    return Outcome(terminal, exit_code, tail)
+
+
+def _log_counters(driver: StreamDriver, publisher: RedisStreamPublisher) -> None:
+    """Lines the stream rules skipped or dropped are counted data: say how many, once per
+    attempt (a warning when output was lost: an oversized line, a mapper error)."""
+    counters = driver.counters
+    if not (
+        counters.oversized
+        or counters.non_json
+        or counters.mapper_errors
+        or counters.dropped_after_terminal
+    ):
+        return
+    lost = counters.oversized or counters.mapper_errors
+    log.log(
+        logging.WARNING if lost else logging.INFO,
+        "stream.lines_dropped",
+        extra={
+            "stream": publisher.key,
+            "stream_turn": publisher.turn,
+            "counters": counters.as_dict(),
+            "last_mapper_error": driver.last_mapper_error,
+        },
+    )

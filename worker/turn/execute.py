@@ -1,0 +1,540 @@
+"""One turn of a run, from a decoded payload to its terminal event. Knows nothing of Celery.
+
+The turn's life (claim, heartbeat, credential, Redis patience, the one terminal writer) is
+:mod:`worker.turn.life`'s; this module is the procedure: check, prepare the sandbox, run the
+harness (again, fresh, when its resume is rejected), and close. A redelivered turn never runs
+the harness twice: the first delivery claims it; a later one finds the mark and either sees
+the turn finished, sees its owner alive, or (owner dead) closes it with ``worker-lost``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import adapters
+from adapters.events import (
+    Event,
+    SandboxActivity,
+    SessionError,
+    TurnComplete,
+    TurnStarted,
+    Usage,
+    session_error,
+)
+from adapters.protocol import TurnRequest
+from adapters.stream import StreamDriver
+from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
+from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
+from worker.errors import InvalidInput, RunNotFound
+from worker.observe import logs, metrics
+from worker.options.policy import (
+    check_input,
+    egress_allowlist,
+    fit_request,
+    resolve,
+    resolve_secrets,
+)
+from worker.options.spec import RunOptions, TurnPayload
+from worker.permissions import requests as permissions
+from worker.spend import budgets, parking, slots
+from worker.store import credentials
+from worker.store.credentials import CREDENTIAL_ENV
+from worker.store.publisher import Masker, RedisStreamPublisher, last_seq
+from worker.store.records import RecordChanges, RunRecord, RunStatus
+from worker.turn import attempt
+from worker.turn.deps import Shutdown, TurnDeps
+from worker.turn.life import TurnLife, TurnRef, end_unclaimed_turn
+from worker.workspace import steps as workspace_steps
+
+__all__ = ["Shutdown", "TurnDeps", "close_lost_turn", "execute_turn"]
+
+log = logging.getLogger(__name__)
+
+MAX_DENIAL_EVENTS = 100
+"""At most this many ``network`` activities per turn (a harness looping on a refused host
+would otherwise flood its stream); the metric counts every denial."""
+
+
+def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = None) -> str:
+    """Run one turn to its terminal event. Returns a short outcome label for logs and Flower.
+
+    Redis errors before the turn is claimed propagate (nothing happened: the delivery may be
+    tried again, and ``delivery`` lets the retry recognise a claim whose reply was lost).
+    Once claimed, the turn is ended here on every path, an error of the worker included.
+    """
+    run_id, turn = payload.run_id, payload.turn
+    try:
+        options = deps.store.options(run_id)
+    except RunNotFound:
+        log.warning("turn.unknown_run", extra={"run_id": run_id, "turn": turn})
+        return "unknown-run"
+
+    life = TurnLife(deps, run_id, turn, options.harness)
+    if parking.defer_if_early(deps, payload):
+        return "deferred"
+    hold = slots.take(deps, payload, options)
+    if hold is None:
+        return "waiting-for-slot"
+    if not life.claim(delivery):
+        hold.release()
+        return _redelivered(deps, run_id, turn, options)
+    parking.resumed(deps, run_id, turn)
+
+    logs.bind(harness=options.harness)
+    log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
+    started, outcome = metrics.turn_started(options.harness), "failed:internal"
+    deps.shutdown.enter()
+    try:
+        life.patience.call(lambda: deps.redis.delete(deps.keys.turn_queued(run_id, turn)))
+        outcome = _run(deps, payload, options, life)
+    except Exception as exc:
+        log.exception("turn.internal_error", extra={"run_id": run_id, "turn": turn})
+        if not life.ended:
+            try:
+                outcome = life.end_internal(exc)
+            except Exception:
+                # Redis stayed away past the turn's patience: nothing can be written now. The
+                # owner heartbeat lapses and the reaper closes the turn once Redis is back.
+                log.exception("turn.internal_error_unrecorded", extra={"run_id": run_id})
+    finally:
+        deps.shutdown.leave()
+        metrics.turn_finished(options.harness, outcome, started)
+        life.release()
+        hold.release()
+    return outcome
+
+
+def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLife) -> str:
+    run_id, turn, settings = payload.run_id, payload.turn, deps.settings
+    wait = life.patience.call
+    adapter = adapters.get(options.harness)
+    out = attempt.Publishing(
+        RedisStreamPublisher(deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen)
+    )
+    life.usage = out.usage.as_tuple
+    header = TurnStarted(harness=options.harness, attempt=1, input_chars=len(payload.input))
+
+    def started() -> None:
+        """The turn has published its ``turn-started``: its terminal continues that stream,
+        after the rewinds done since the last turn."""
+        life.publisher = out.publisher
+        out.send(wait(lambda: workspace_steps.take_rewinds(deps.redis, deps.keys, run_id)))
+
+    def refuse(error: SessionError, *, run_status: RunStatus = "idle") -> str:
+        out.send([header])
+        started()
+        return _close(payload, out, life, error, run_status=run_status, final_text=None)
+
+    if wait(lambda: deps.redis.exists(deps.keys.cancel(run_id, turn))):
+        return refuse(session_error("the turn was cancelled before it started", "cancelled"))
+    try:
+        resolved = resolve(options, settings)
+        check_input(payload.input, settings)
+        secrets = resolve_secrets(options, settings)
+    except InvalidInput as exc:
+        return refuse(
+            session_error(str(exc), "invalid-input"), run_status=_status_after_refusal(turn)
+        )
+    record = wait(lambda: deps.store.record(run_id))
+    over = budgets.refusal(record, settings)
+    if over is not None:
+        wait(lambda: deps.store.update(run_id, budget_exceeded=over.exceeded))
+        return refuse(over.error("before the turn"))
+    guard = budgets.Guard(record, settings)
+    if guard.active:
+        out.guard = guard.on_event
+    secrets[CREDENTIAL_ENV] = life.issue_credential()
+    logs.mask(secrets)
+    out.publisher = RedisStreamPublisher(
+        deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
+    )
+
+    sandbox = deps.sandbox_for(resolved.sandbox)
+    host_queue = deps.host_queues.get(sandbox.backend) or record.queue
+    if host_queue != record.queue:
+        # Before the container exists: should this worker die while it is made, the run's
+        # next turn must come to this host (and find it), not start a second one elsewhere.
+        wait(lambda: deps.store.update(run_id, queue=host_queue))
+    work = workspace_steps.run_workspace(sandbox, run_id, options, settings)
+    workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
+    if turn == 1:
+        try:
+            seeded = workspace_steps.seed_first_turn(deps, run_id, work, options)
+        except InvalidInput as exc:
+            life.revoke_credential()
+            return refuse(session_error(str(exc), "invalid-input"), run_status="failed")
+        if seeded is not None:
+            wait(lambda: deps.store.update(run_id, **seeded))
+    lease_until = time.time() + settings.run_lease_s
+    try:
+        placement = sandbox.prepare(
+            RunSpec(
+                run_id=run_id,
+                image=resolved.image,
+                network=resolved.network,  # type: ignore[arg-type]
+                limits=Limits(resolved.memory, resolved.cpus, resolved.pids),
+                user=settings.container_user,
+                read_only_root=settings.read_only_root,
+                workspace_key=options.workspace,
+                labels={
+                    "harness.worker": deps.worker_id,
+                    "harness.lease_until": f"{lease_until:.0f}",
+                    **_egress_labels(resolved.network, options),
+                },
+            )
+        )
+        sandbox.renew(run_id, lease_until)
+    except SandboxError as exc:
+        log.warning(
+            "sandbox.prepare_failed",
+            extra={"run_id": run_id, "turn": turn, "backend": sandbox.backend, "error": str(exc)},
+        )
+        first_and_alone = turn == 1 and not record.container_id
+        if first_and_alone:
+            # Nothing of the run exists yet but what this attempt left: remove it.
+            sandbox.teardown(run_id, keep_workspace=options.workspace is not None)
+            life.revoke_credential()
+        return refuse(
+            session_error(f"the sandbox could not be prepared: {exc}", "sandbox"),
+            run_status="failed" if first_and_alone else "idle",
+        )
+    wait(lambda: deps.store.mark_running(run_id))
+    wait(
+        lambda: deps.store.update(
+            run_id,
+            container_id=placement.container_id,
+            lease_until=lease_until,
+            sandbox=placement.backend,
+            network=resolved.network,
+            egress_allow=(
+                egress_allowlist(settings, options.harness, options.base_url)
+                if resolved.network == "egress"
+                else None
+            ),
+        )
+    )
+    log.info(
+        "sandbox.ready",
+        extra={"backend": placement.backend, "container": placement.container_id},
+    )
+
+    request = fit_request(
+        _request(options, payload, placement, record, resolved.executable, secrets),
+        adapter.CAPABILITIES,
+    )
+    if resolved.warnings and turn == 1:
+        warnings = list(resolved.warnings)
+        wait(lambda: deps.store.update(run_id, warnings=warnings))
+        log.warning("turn.policy_not_enforced", extra={"run_id": run_id, "warnings": warnings})
+
+    deadline = time.monotonic() + resolved.timeout_s
+    limits = attempt.Limits(
+        deadline,
+        settings.idle_timeout_s,
+        settings.exit_grace_s,
+        settings.kill_grace_s,
+        settings.max_line_bytes,
+    )
+    stop = guard.stop_check(life.stop_check(), out)
+
+    work_began = time.time()
+    gate = permissions.gate_for(deps, run_id, turn, options, out.publisher.masker)
+    outcome, driver = _attempt(
+        adapter, request, sandbox, placement, secrets, out, limits, stop, 1, started, gate
+    )
+    terminal = _explain_kill(outcome.terminal, sandbox, run_id)
+    if (
+        isinstance(terminal, SessionError)
+        and request.resume_session
+        and driver.state.resume_rejected
+    ):
+        log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": turn})
+        replayed = _replay_text(wait(lambda: deps.store.transcript(run_id)))
+        fresh = dataclasses.replace(
+            request,
+            resume_session=None,
+            input=f"{replayed}{request.input}" if replayed else request.input,
+        )
+        if replayed:
+            out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
+        outcome, driver = _attempt(
+            adapter, fresh, sandbox, placement, secrets, out, limits, stop, 2, started, gate
+        )
+        terminal = outcome.terminal
+
+    if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
+        # This worker is going away; the run keeps its container and host queue, and its
+        # next turn waits for a worker there. The credential goes with this worker.
+        life.revoke_credential()
+    if isinstance(terminal, SessionError) and terminal.reason == "sandbox":
+        log.warning(
+            "sandbox.turn_failed", extra={"run_id": run_id, "turn": turn, "error": terminal.error}
+        )
+
+    if resolved.network == "egress":
+        _publish_denials(sandbox, run_id, work_began, out, options.harness)
+    if settings.snapshots or options.push_branch:
+        change = workspace_steps.after_turn(work, turn, payload.input, options, settings)
+        out.send([change])
+        if change.snapshot:
+            wait(lambda: deps.store.update(run_id, snapshot=change.snapshot))
+    final_text = terminal.text if isinstance(terminal, TurnComplete) else None
+    refused_next = guard.next_turn_refusal(out.usage) is not None
+    parked = parking.park(deps, payload, options, record, terminal, refused_next)
+    if parked is not None:
+        out.send([parked.event])  # before the terminal: the turn's retry is scheduled
+    spend = guard.changes()
+    if not out.sessions and driver.state.session_id:
+        # A turn stopped before the harness published its session (a budget, a cancel, a
+        # timeout; gemini names it only with its result): the id the harness announced is
+        # still what the next turn resumes.
+        spend["session_id"] = out.publisher.masker.mask(driver.state.session_id)
+    label = _close(
+        payload,
+        out,
+        life,
+        terminal,
+        run_status="parked" if parked is not None else "idle",
+        final_text=final_text,
+        carry=driver.state.carry,
+        spend=spend,
+    )
+    if parked is not None:
+        parking.dispatch(deps, parked)
+    return label
+
+
+def _egress_labels(network: str, options: RunOptions) -> dict[str, str]:
+    """What the egress gateway applies to the run's container: its harness's allowlist, and
+    its base URL's endpoint (allowed when policy allows producer endpoints)."""
+    if network != "egress":
+        return {}
+    return {
+        LABEL_HARNESS: options.harness,
+        LABEL_BASE_URL: base_url_endpoint(options.base_url) or "",
+    }
+
+
+def _publish_denials(
+    sandbox: Sandbox, run_id: str, since: float, out: attempt.Publishing, harness: str
+) -> None:
+    """The connections the egress gateway refused during the turn's work, as ``network``
+    activities before its terminal event (at most ``MAX_DENIAL_EVENTS``; all are counted)."""
+    read = getattr(sandbox, "network_denials", None)
+    if read is None:
+        return
+    try:
+        denials = read(run_id, since, time.time())
+    except SandboxError as exc:
+        log.warning("egress.denials_unread", extra={"run_id": run_id, "error": str(exc)})
+        return
+    if not denials:
+        return
+    metrics.egress_denied(harness, [d.rule for d in denials])
+    log.info("egress.denied", extra={"run_id": run_id, "count": len(denials)})
+    out.send(
+        [
+            SandboxActivity(
+                kind="network", description=d.describe(), host=d.host, port=d.port, denied=True
+            )
+            for d in denials[:MAX_DENIAL_EVENTS]
+        ]
+    )
+
+
+def _explain_kill(terminal: Event, sandbox: Sandbox, run_id: str) -> Event:
+    """A harness that died of SIGKILL we did not send: ask the sandbox why (OOM, gone)."""
+    if (
+        isinstance(terminal, SessionError)
+        and terminal.reason == "exit"
+        and terminal.exit_code in (137, -9)
+    ):
+        problem = sandbox.diagnose(run_id)
+        if problem:
+            return terminal.model_copy(
+                update={
+                    "error": f"the harness was killed: {problem}",
+                    "reason": "sandbox",
+                    "retryable": True,
+                }
+            )
+    return terminal
+
+
+def _attempt(
+    adapter: Any,
+    request: TurnRequest,
+    sandbox: Sandbox,
+    placement: Placement,
+    secrets: dict[str, str],
+    out: attempt.Publishing,
+    limits: attempt.Limits,
+    stop: Callable[[], SessionError | None],
+    number: int,
+    started: Callable[[], None],
+    gate: permissions.Gate | None = None,
+) -> tuple[attempt.Outcome, StreamDriver]:
+    driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
+    head = driver.start()
+    if number == 1:
+        out.send(head)
+        started()
+    try:
+        command = adapter.build_command(request)
+    except ValueError as exc:
+        driver.fail(session_error(f"cannot build the command: {exc}", "invalid-input"))
+        assert driver.terminal is not None
+        return attempt.Outcome(driver.terminal, None, ""), driver
+    spec = ExecSpec(
+        argv=tuple(command.argv),
+        stdin=command.stdin,
+        env=dict(command.env),
+        files=dict(command.files),
+        cwd=command.cwd,
+        keep_stdin=command.keep_stdin,
+    )
+    try:
+        process = sandbox.start(placement, spec, secrets)
+    except SandboxError as exc:
+        driver.fail(session_error(f"the harness could not be started: {exc}", "sandbox"))
+        assert driver.terminal is not None
+        return attempt.Outcome(driver.terminal, None, ""), driver
+    log.info("harness.started", extra={"attempt": number, "executable": spec.argv[0]})
+    try:
+        if gate is not None:
+            gate.attach(adapter, driver.state, process)
+        outcome = attempt.drive(process, driver, out, limits, stop, gate)
+        log.info("harness.exited", extra={"attempt": number, "exit_code": outcome.exit_code})
+    except SandboxError as exc:
+        with contextlib.suppress(SandboxError):
+            process.kill(grace=limits.kill_grace_s)
+        problem = sandbox.diagnose(placement.run_id) or str(exc)
+        driver.fail(session_error(f"the sandbox failed during the turn: {problem}", "sandbox"))
+        assert driver.terminal is not None
+        outcome = attempt.Outcome(driver.terminal, None, "")
+    except BaseException:
+        # An error of the worker while the harness runs: stop the harness before the turn
+        # is ended as ``internal`` (the process must not outlive its turn).
+        with contextlib.suppress(Exception):
+            process.kill(grace=limits.kill_grace_s)
+        raise
+    return outcome, driver
+
+
+def _request(
+    options: RunOptions,
+    payload: TurnPayload,
+    placement: Placement,
+    record: RunRecord,
+    executable: str | None,
+    secrets: dict[str, str],
+) -> TurnRequest:
+    resume = options.resume_session if payload.turn == 1 else record.session_id or None
+    return TurnRequest(
+        input=payload.input,
+        turn=payload.turn,
+        workspace=placement.workspace,
+        home=placement.home,
+        model=options.model,
+        system_prompt=options.system_prompt,
+        posture=options.posture,
+        allow=options.allow,
+        deny=options.deny,
+        resume_session=resume,
+        base_url=options.base_url,
+        executable=executable,
+        granted_env=frozenset(secrets),
+        carry=record.carry,
+    )
+
+
+def _replay_text(transcript: list[dict[str, Any]]) -> str:
+    if not transcript:
+        return ""
+    parts = ["[The previous session could not be resumed. The conversation so far:]"]
+    for entry in transcript:
+        parts.append(f"[user]\n{entry.get('input', '')}")
+        if entry.get("output"):
+            parts.append(f"[assistant]\n{entry['output']}")
+    parts.append("[user]\n")
+    return "\n\n".join(parts)
+
+
+def _status_after_refusal(turn: int) -> RunStatus:
+    return "failed" if turn == 1 else "idle"
+
+
+def _close(
+    payload: TurnPayload,
+    out: attempt.Publishing,
+    life: TurnLife,
+    terminal: Event,
+    *,
+    run_status: RunStatus,
+    final_text: str | None,
+    carry: dict[str, Any] | None = None,
+    spend: dict[str, Any] | None = None,
+) -> str:
+    """The facts the run record keeps of this turn, then its one terminal event."""
+    # Everything the harness said may carry a granted value it printed: mask what Redis keeps.
+    mask = out.publisher.masker.mask
+    changes = RecordChanges()
+    if carry:
+        changes["carry"] = carry
+    if spend:
+        changes.update(spend)  # type: ignore[typeddict-item]
+    for session in out.sessions:
+        changes["session_id"] = mask(session.session_id)
+        changes["resumed"] = session.resumed
+        if session.model:
+            changes["model_reported"] = mask(session.model)
+    if isinstance(terminal, TurnComplete):
+        if terminal.session_id:
+            changes["session_id"] = mask(terminal.session_id)
+        if terminal.model:
+            changes["model_reported"] = mask(terminal.model)
+        changes["last_error"] = None
+    elif isinstance(terminal, SessionError):
+        changes["last_error"] = mask(f"{terminal.reason}: {terminal.error}")
+    # The transcript is replayed into a fresh session later: keep granted values out of it.
+    transcript = None if final_text is None else (mask(payload.input), mask(final_text))
+    return life.end(terminal, run_status=run_status, changes=changes, transcript=transcript)
+
+
+def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) -> str:
+    """A turn some worker already took: finished, in flight, or orphaned by a dead worker."""
+    _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
+    if last_type in ("turn-complete", "session-error"):
+        log.info("turn.duplicate_ignored", extra={"run_id": run_id, "turn": turn})
+        return "duplicate"
+    if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
+        log.info("turn.duplicate_in_flight", extra={"run_id": run_id, "turn": turn})
+        return "duplicate"
+    return close_lost_turn(deps, run_id, turn, options.harness)
+
+
+def close_lost_turn(
+    deps: TurnDeps,
+    run_id: str,
+    turn: int,
+    harness: str,
+    error: str = "the worker running this turn was lost",
+) -> str:
+    """Give a turn whose worker died its one terminal event (reason ``worker-lost``).
+
+    The run stays usable: its sandbox and workspace are kept (the next turn in that container
+    first stops whatever the lost turn left running), and its credential is revoked now.
+    """
+    credentials.revoke(deps.redis, deps.keys, run_id)
+    permissions.close_turn(deps.redis, deps.keys, run_id, turn, "worker:worker-lost")
+    ref = TurnRef(deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness)
+    if end_unclaimed_turn(ref, session_error(error, "worker-lost"), patience_s=600.0):
+        metrics.turn_failed(harness, "worker-lost")
+        log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
+    return "worker-lost"
