@@ -3,6 +3,8 @@
 HarnessError
 ├── InvalidInput      the request is malformed or beyond operator policy (CLI exit 2)
 │   └── BudgetSpent   the run's budget is spent: raise it (``harness budget``) first
+├── InvalidSettings   a setting is missing or invalid (a HARNESS_REDIS_URL that is not a Redis
+│                     URL); the message names the variable; also a config.SettingsError (exit 2)
 ├── RunNotFound       no such run (CLI exit 1)
 ├── RunBusy           a turn of this run is still in flight (CLI exit 2)
 ├── RunEnded          the run has ended or failed; it takes no more turns (CLI exit 2)
@@ -18,6 +20,8 @@ HarnessError
 
 from __future__ import annotations
 
+from config import SettingsError
+
 
 class HarnessError(Exception):
     exit_code = 1
@@ -29,6 +33,10 @@ class InvalidInput(HarnessError, ValueError):
 
 class BudgetSpent(InvalidInput):
     """The run's next turn would be refused: a limit of its budget is reached."""
+
+
+class InvalidSettings(HarnessError, SettingsError):
+    exit_code = 2
 
 
 class RunNotFound(HarnessError, LookupError):

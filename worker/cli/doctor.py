@@ -118,6 +118,13 @@ def _redis(settings: Settings) -> Check:
             f"{mask_url(settings.redis_url)}: {exc}",
             "start Redis (redis-server --daemonize yes) or set HARNESS_REDIS_URL",
         )
+    except ValueError as exc:  # redis-py's word for a URL it cannot parse
+        return Check(
+            "redis",
+            False,
+            f"HARNESS_REDIS_URL is not a Redis URL: {exc}",
+            "set HARNESS_REDIS_URL to redis://HOST:PORT/DB (or rediss://, unix://PATH)",
+        )
 
 
 def _broker(settings: Settings) -> Check:

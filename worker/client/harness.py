@@ -23,7 +23,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, session_error
-from config import Settings, load_settings
+from config import Settings, SettingsError, load_settings
 from worker.app import create_app
 from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
 from worker.client.workspace import WorkspaceRequests
@@ -31,6 +31,7 @@ from worker.errors import (
     BudgetSpent,
     HarnessError,
     InvalidInput,
+    InvalidSettings,
     RunBusy,
     RunEnded,
     RunNotFound,
@@ -124,6 +125,13 @@ def _after_previous_turn(turn: int) -> str:
     return "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
 
 
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        raise InvalidSettings(str(exc)) from None
+
+
 def _no_data(_: bytes) -> None:
     """A rewind's reply has no data chunks, only its facts."""
 
@@ -164,7 +172,9 @@ class HarnessClient:
     """Start runs, submit turns, read events, cancel and end runs."""
 
     def __init__(self, settings: Settings | None = None, *, celery_app: Celery | None = None):
-        self.settings = settings or load_settings()
+        """InvalidSettings when the settings (HARNESS_* variables) are not valid, a
+        HARNESS_REDIS_URL that is not a Redis URL included."""
+        self.settings = settings or _settings()
         self.keys = Keys(self.settings.key_prefix)
         self.redis: SyncRedis = redis_client(self.settings)
         self.store = RunStore(self.redis, self.keys, self.settings.retention_s)
@@ -172,7 +182,7 @@ class HarnessClient:
 
     @classmethod
     def from_url(cls, redis_url: str, **settings: Any) -> HarnessClient:
-        return cls(load_settings(redis_url=redis_url, **settings))
+        return cls(_settings(redis_url=redis_url, **settings))
 
     @property
     def app(self) -> Celery:
