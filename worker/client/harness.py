@@ -40,12 +40,19 @@ from worker.errors import (
 )
 from worker.fleet import hosts
 from worker.options.policy import check_input, resolve
-from worker.options.spec import TurnPayload, check_run_id, new_run_id, parse_options
+from worker.options.spec import (
+    TurnPayload,
+    check_labels,
+    check_run_id,
+    new_run_id,
+    parse_options,
+)
 from worker.permissions import requests as permissions
 from worker.permissions.requests import who
 from worker.spend import budgets, slots
 from worker.store import credentials
 from worker.store.keys import Keys, SyncRedis
+from worker.store.listing import RunFilter, unindex_run
 from worker.store.records import IN_FLIGHT, RunStore
 from worker.store.redis_client import redis_client
 from worker.turn.life import TurnRef, end_unclaimed_turn
@@ -215,10 +222,15 @@ class HarnessClient:
         grants, sandbox, image, network, resume_session, base_url, executable, timeout_s,
         workspace, repo, ref, push_branch, max_cost_usd, max_tokens, max_turns, max_wall_s
         (the run's budget, within the operator's ceilings), on_limit (``park`` or ``fail``),
-        producer, and ``archive`` (a path: the archive is uploaded
-        through Redis and unpacked into the workspace by the worker). Refused with
+        producer, ``labels`` (``{KEY: VALUE}``: :meth:`list_runs` finds runs by them),
+        ``tenant`` and ``webhook_url`` (set by the HTTP API), and ``archive`` (a path: the
+        archive is uploaded through Redis and unpacked into the workspace by the worker).
+        Refused with
         InvalidInput (nothing created) when invalid or beyond policy.
         """
+        labels = check_labels(options.pop("labels", None) or {})
+        tenant = options.pop("tenant", None)
+        webhook_url = options.pop("webhook_url", None)
         archive = options.pop("archive", None)
         if archive is not None:
             options["archive"] = "0" * 64  # validated with the options; replaced below
@@ -240,9 +252,37 @@ class HarnessClient:
             run_options = run_options.model_copy(update={"archive": digest, "archive_bytes": size})
         queue = harness_queue(harness, self.settings.key_prefix)
         budget = budgets.initial(run_options, self.settings)
-        self.store.create(run_id, run_options, queue=queue, sandbox=resolved.sandbox, budget=budget)
+        self.store.create(
+            run_id,
+            run_options,
+            queue=queue,
+            sandbox=resolved.sandbox,
+            budget=budget,
+            labels=labels,
+            tenant=tenant,
+            webhook_url=webhook_url,
+        )
         self._send(run_id, 1, input, queue)
         return run_id
+
+    @_translate
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        labels: dict[str, str] | None = None,
+        harness: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of runs, newest first: ``{"runs": [records], "cursor"}``, the cursor to
+        pass for the next page (None after the last). Filters: the status, every label
+        given, the harness. ``tenant``: that API tenant's runs (None: runs made without the
+        API). Read from an index, never a scan of Redis' keys."""
+        where = RunFilter(status=status, harness=harness, labels=check_labels(labels or {}))
+        runs, after = self.store.list_runs(tenant=tenant, where=where, limit=limit, cursor=cursor)
+        return {"runs": runs, "cursor": after}
 
     @_translate
     def submit_turn(self, run_id: str, input: str) -> int:
@@ -318,7 +358,12 @@ class HarnessClient:
         """Undo a turn whose message the broker refused; says what is left."""
         try:
             if turn == 1:
+                record = self.store.find(run_id)
                 pipe = self.redis.pipeline()
+                if record is not None:
+                    unindex_run(
+                        pipe, self.keys, run_id, record.tenant, record.harness, record.labels
+                    )
                 pipe.delete(
                     self.keys.turn_queued(run_id, turn),
                     self.keys.upload(run_id),

@@ -46,6 +46,41 @@ def new_run_id() -> str:
     return "r" + secrets.token_hex(12)
 
 
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9_.:@/+\-]{0,200}$")
+MAX_LABELS = 32
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (``--label``, the API's ``label=`` filter) as its two parts."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise InvalidInput(f"invalid label {shown(text)}: expected KEY=VALUE")
+    return next(iter(check_labels({key: value}).items()))
+
+
+def check_labels(labels: object) -> dict[str, str]:
+    """A run's labels, or InvalidInput: up to 32, a key of 1 to 63 letters, digits, '_',
+    '.', '-' or '/' (starting with a letter or a digit), a value of up to 200 of those or
+    ':', '@', '+'."""
+    if not isinstance(labels, dict):
+        raise InvalidInput("invalid request: labels: expected an object of KEY: VALUE strings")
+    if len(labels) > MAX_LABELS:
+        raise InvalidInput(f"invalid request: labels: at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
+            raise InvalidInput(
+                f"invalid request: labels: invalid key {shown(key)}: 1 to 63 letters, digits, "
+                "'_', '.', '-' or '/', starting with a letter or a digit"
+            )
+        if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value):
+            raise InvalidInput(
+                f"invalid request: labels.{key}: invalid value {shown(value)}: up to 200 "
+                "letters, digits, '_', '.', ':', '@', '/', '+' or '-'"
+            )
+    return dict(labels)
+
+
 def check_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidInput(f"invalid run id {shown(run_id)}: expected 'r' and 24 hex digits")

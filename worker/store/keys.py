@@ -217,6 +217,23 @@ class Keys:
         """A set of run ids that may still hold a sandbox (for the reaper)."""
         return f"{self.prefix}:runs:active"
 
+    def run_list(self, tenant: str, facet: str = "") -> str:
+        """A sorted set of a tenant's run ids by creation time (``""``: runs made without a
+        tenant); ``facet`` (``harness:H``, ``label:K=V``) names the subset of one filter
+        (worker/store/listing.py)."""
+        tail = f":{facet}" if facet else ""
+        return f"{self.prefix}:tenant:{tenant}:runs{tail}"
+
+    def tenant_key(self, tenant: str, part: str) -> str:
+        """Per-tenant state of the HTTP API: ``rate:WINDOW`` (worker/api/limits.py)."""
+        return f"{self.prefix}:tenant:{tenant}:{part}"
+
+    def webhooks(self, part: str) -> str:
+        """The API's webhook deliveries (worker/api/webhooks.py): ``runs`` (watched run ids),
+        ``cursor`` (run id to the last entry scanned), ``due`` (delivery ids by due time),
+        ``body`` (delivery id to JSON), ``ended`` (runs whose end was delivered)."""
+        return f"{self.prefix}:webhooks:{part}"
+
     def hosts(self) -> str:
         """A hash of every host queue a worker ever announced (for the reaper's fan-out)."""
         return f"{self.prefix}:hosts"

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.options.spec import RunOptions
-from worker.store import lua
+from worker.store import listing, lua
 from worker.store.keys import Keys, RedisClient
 
 RunStatus = Literal["starting", "running", "idle", "parked", "ended", "failed"]
@@ -107,6 +107,13 @@ class RunRecord(BaseModel):
     slot_wait: dict[str, Any] | None = None
     """While the current turn waits for a concurrency slot of a key (``worker.spend.slots``):
     ``grant``, ``place`` (1 is next), ``waiting``, ``limit``, ``since``."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """The producer's ``KEY=VALUE`` labels (``--label``): runs are listed by them."""
+    tenant: str | None = None
+    """The API tenant that made the run (``HARNESS_TENANTS_FILE``); None: made without the
+    API. Only that tenant sees the run through the API."""
+    webhook_url: str | None = None
+    """Where the API delivers the run's terminal events and its end (worker/api/webhooks.py)."""
 
     @classmethod
     def decode(cls, raw: Mapping[str, str]) -> RunRecord:
@@ -208,6 +215,12 @@ _CODECS: dict[str, _Codec] = {
 }
 
 
+def _listed(run_id: str, raw: Mapping[str, str]) -> dict[str, Any] | None:
+    if "status" not in raw:
+        return None
+    return RunRecord.decode({"run_id": run_id, **raw}).as_dict()
+
+
 @dataclass
 class RunStore:
     redis: RedisClient
@@ -224,6 +237,10 @@ class RunStore:
         queue: str,
         sandbox: str,
         budget: dict[str, Any] | None = None,
+        *,
+        labels: dict[str, str] | None = None,
+        tenant: str | None = None,
+        webhook_url: str | None = None,
     ) -> None:
         now = time.time()
         record = RunRecord(
@@ -239,11 +256,44 @@ class RunStore:
             updated_at=now,
             options=options,
             budget=budget or {},
+            labels=labels or {},
+            tenant=tenant,
+            webhook_url=webhook_url,
         )
         pipe = self.redis.pipeline()
         pipe.hset(self.keys.run(run_id), mapping=record.encode())
         pipe.sadd(self.keys.runs_index(), run_id)
+        listing.index_run(
+            pipe,
+            self.keys,
+            run_id,
+            created_at=now,
+            tenant=tenant,
+            harness=options.harness,
+            labels=record.labels,
+            retention_s=self.retention_s,
+        )
         pipe.execute()
+
+    def list_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        where: listing.RunFilter | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of ``tenant``'s runs, newest first, and the next page's cursor
+        (worker/store/listing.py)."""
+        return listing.list_runs(
+            self.redis,
+            self.keys,
+            _listed,
+            tenant=tenant,
+            where=where or listing.RunFilter(),
+            limit=limit,
+            cursor=cursor,
+        )
 
     def raw(self, run_id: str) -> dict[str, str]:
         """The record's strings, as Redis holds them."""
