@@ -8,6 +8,7 @@ which a caller resumes with ``after=`` the last id it saw (no gap, no duplicate)
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import re
@@ -137,6 +138,26 @@ def _settings(**overrides: Any) -> Settings:
         return load_settings(**overrides)
     except SettingsError as exc:
         raise InvalidSettings(str(exc)) from None
+
+
+def _unwritable(target: Path, exc: OSError) -> InvalidInput:
+    if not target.parent.is_dir():
+        why = f"its folder {str(target.parent)!r} does not exist"
+    else:
+        why = exc.strerror or str(exc)
+    return InvalidInput(f"cannot write the export to {str(target)!r}: {why}")
+
+
+def _writer(out: BinaryIO, target: Path) -> Callable[[bytes], object]:
+    """``out.write``, its errors (a full disk) said as the export's."""
+
+    def write(data: bytes) -> object:
+        try:
+            return out.write(data)
+        except OSError as exc:
+            raise _unwritable(target, exc) from None
+
+    return write
 
 
 def _no_data(_: bytes) -> None:
@@ -601,16 +622,28 @@ class HarnessClient:
     def export(self, run_id: str, path: str | Path, *, turn: int | None = None) -> dict[str, Any]:
         """Write a tar.gz of the workspace as it was after ``turn`` (default: the last) to
         ``path``; the reply's facts (``turn``, ``bytes``). Refused above the operator's
-        HARNESS_EXPORT_MAX_BYTES; nothing is left at ``path`` then."""
+        HARNESS_EXPORT_MAX_BYTES; nothing is left at ``path`` then. InvalidInput, before the
+        host is asked, when ``path`` cannot be written (its folder is missing, it is a
+        folder, no permission), or later when writing it fails; nothing is left then
+        either."""
         check_run_id(run_id)
         target = Path(path)
         partial = target.with_name(f".{target.name}.partial")
         try:
-            with partial.open("wb") as out:
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "it is a folder")
+            out = partial.open("wb")
+        except OSError as exc:
+            raise _unwritable(target, exc) from None
+        try:
+            with out:
                 facts = self.workspace.ask(
-                    run_id, self._queue(run_id), "export", out.write, turn=turn
+                    run_id, self._queue(run_id), "export", _writer(out, target), turn=turn
                 )
-            partial.replace(target)
+            try:
+                partial.replace(target)
+            except OSError as exc:
+                raise _unwritable(target, exc) from None
         finally:
             partial.unlink(missing_ok=True)
         return facts
