@@ -1,4 +1,8 @@
-"""claude-code: ``claude -p --output-format stream-json --verbose``; fixtures from 2.1.328."""
+"""claude-code: ``claude -p --output-format stream-json --verbose``; fixtures from 2.1.328.
+
+The one-shot mode. ``--posture ask`` adds a stdin control channel to the same invocation
+(:mod:`adapters.claude_control`), whose other messages are this mode's, mapped here.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import claude_control, coerce
-from adapters.asks import Ask, Decision
+from adapters import coerce
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -64,6 +67,23 @@ def build_command(request: TurnRequest) -> Command:
     """The prompt goes on stdin: ``claude -p`` with no prompt argument reads it to EOF, so a
     1 MiB input or one starting with ``-`` needs no argv. The system prompt travels as a file
     (``--append-system-prompt-file``: appended to Claude Code's own prompt, no argv limit)."""
+    stdin = request.input.encode("utf-8")
+    return command(request, _posture(request), stdin)
+
+
+def _posture(request: TurnRequest) -> list[str]:
+    if request.posture == "dangerous":
+        return ["--dangerously-skip-permissions"]
+    # strict (dontAsk): only what needs no approval runs (reads, read-only commands), the
+    # rest is denied; auto (acceptEdits): file edits are accepted too. Other commands need
+    # an --allowedTools pattern in both.
+    return ["--permission-mode", "dontAsk" if request.posture == "strict" else "acceptEdits"]
+
+
+def command(
+    request: TurnRequest, permissions: list[str], stdin: bytes, *, keep_stdin: bool = False
+) -> Command:
+    """claude's invocation in either mode, ``permissions`` the flags of its posture."""
     argv = [request.executable or "claude", "-p", "--output-format", "stream-json", "--verbose"]
     files: dict[str, str] = {}
     env = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
@@ -75,18 +95,11 @@ def build_command(request: TurnRequest) -> Command:
         path = f"{request.home.rstrip('/')}/.harness/claude-system-prompt.md"
         files[path] = request.system_prompt
         argv += ["--append-system-prompt-file", path]
-    if request.posture == "ask":
-        argv += [*claude_control.ARGV, "--permission-mode", "default"]
-    elif request.posture == "dangerous":
-        argv.append("--dangerously-skip-permissions")
+    argv += permissions
+    if request.posture == "dangerous":
         # 2.1.328 refuses the skip flag as root unless told it is sandboxed; the dangerous
         # posture is the producer saying exactly that.
         env["IS_SANDBOX"] = "1"
-    else:
-        # strict (dontAsk): only what needs no approval runs (reads, read-only commands),
-        # the rest is denied; auto (acceptEdits): file edits are accepted too. Other
-        # commands need an --allowedTools pattern in both.
-        argv += ["--permission-mode", "dontAsk" if request.posture == "strict" else "acceptEdits"]
     # Both flags take a variable number of values: each pattern is one argv element, and no
     # positional argument follows them.
     if request.allow:
@@ -95,11 +108,7 @@ def build_command(request: TurnRequest) -> Command:
         argv += ["--disallowedTools", *request.deny]
     if request.base_url:
         env["ANTHROPIC_BASE_URL"] = request.base_url
-    if request.posture == "ask":
-        stdin = claude_control.first_message(request)
-        return Command(tuple(argv), stdin, env, files, cwd=request.workspace, keep_stdin=True)
-    stdin = request.input.encode("utf-8")
-    return Command(tuple(argv), stdin, env, files, cwd=request.workspace)
+    return Command(tuple(argv), stdin, env, files, cwd=request.workspace, keep_stdin=keep_stdin)
 
 
 def _session(state: State) -> list[Event]:
@@ -264,13 +273,7 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         return _assistant(message, state)
     if kind == "result":
         return _result(message, state)
-    if kind == "control_request":
-        claude_control.control_request(message, state, state.denied)
     return []
-
-
-def answer(state: State, ask: Ask, decision: Decision) -> None:
-    claude_control.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:

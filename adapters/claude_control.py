@@ -8,23 +8,46 @@ for ``{"type":"control_response","response":{"subtype":"success","request_id":R,
 "response":{"behavior":"allow","updatedInput":I}}}`` (or ``"behavior":"deny","message":M``)
 on stdin. The channel fails closed: a closed stdin or an invalid answer is a denial. Once
 the ``result`` line has come, stdin is closed and the CLI exits.
+
+Everything else (the invocation, the other messages, the exit) is the one-shot mode's
+(:mod:`adapters.claude_code`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from adapters import coerce
+from adapters import claude_code, coerce
 from adapters.asks import Ask, Decision
-from adapters.protocol import AdapterState, TurnRequest
+from adapters.events import Event
+from adapters.protocol import AdapterState, Command, TurnRequest
+
+HARNESS_ID = claude_code.HARNESS_ID
+CAPABILITIES = claude_code.CAPABILITIES
 
 ARGV = ("--input-format", "stream-json", "--permission-prompt-tool", "stdio")
 """Added to ``claude -p --output-format stream-json --verbose``; the permission mode is
 ``default``, so every call the rules do not settle is asked."""
 
 
-def first_message(request: TurnRequest) -> bytes:
+@dataclass(kw_only=True)
+class State(claude_code.State):
+    """A turn with the control channel: the one-shot mode's state, mapped partly here."""
+
+
+def new_state(request: TurnRequest) -> State:
+    return State(offered_session=request.resume_session)
+
+
+def build_command(request: TurnRequest) -> Command:
+    permissions = [*ARGV, "--permission-mode", "default"]
+    stdin = _first_message(request)
+    return claude_code.command(request, permissions, stdin, keep_stdin=True)
+
+
+def _first_message(request: TurnRequest) -> bytes:
     """The turn input as a stream-json ``user`` message line."""
     line = {
         "type": "user",
@@ -35,9 +58,17 @@ def first_message(request: TurnRequest) -> bytes:
     return json.dumps(line).encode("utf-8") + b"\n"
 
 
-def control_request(message: dict[str, Any], state: AdapterState, asked: set[str]) -> None:
-    """A ``control_request`` from the CLI: a permission request becomes an :class:`Ask`;
-    anything else is refused at once (the CLI would wait for it forever)."""
+def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    """A ``control_request`` here; the others by :func:`adapters.claude_code.map_message`."""
+    if message.get("type") == "control_request":
+        _control_request(message, state, state.denied)
+        return []
+    return claude_code.map_message(message, state)
+
+
+def _control_request(message: dict[str, Any], state: AdapterState, asked: set[str]) -> None:
+    """A permission request becomes an :class:`Ask`; anything else is refused at once (the
+    CLI would wait for it forever)."""
     request_id = coerce.nonempty(message.get("request_id"))
     body = coerce.mapping(message.get("request"))
     if request_id is None:
@@ -78,3 +109,7 @@ def answer(state: AdapterState, ask: Ask, decision: Decision) -> None:
 def _reply(state: AdapterState, response: dict[str, Any]) -> None:
     line = {"type": "control_response", "response": response}
     state.outbox.append(json.dumps(line).encode("utf-8") + b"\n")
+
+
+finish = claude_code.finish
+policy_warning = claude_code.policy_warning

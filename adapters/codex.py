@@ -1,4 +1,8 @@
-"""codex: ``codex exec --json`` (and ``codex exec resume``); fixtures from codex-cli 0.169.0."""
+"""codex: ``codex exec --json`` (and ``codex exec resume``); fixtures from codex-cli 0.169.0.
+
+The one-shot mode, which never asks. ``--posture ask`` runs ``codex app-server`` instead
+(:mod:`adapters.codex_app_server`), with the same config file (:func:`config_file`).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import codex_app_server, coerce
-from adapters.asks import Ask, Decision
+from adapters import coerce
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -51,9 +54,6 @@ _SANDBOX = {
     "strict": "read-only",
     "auto": "danger-full-access",
     "dangerous": "danger-full-access",
-    # ask: `codex app-server` (adapters.codex_app_server) asks before every command it does
-    # not know to be safe; what is approved runs as in auto.
-    "ask": "danger-full-access",
 }
 _KEY_NAMES = ("OPENAI_API_KEY", "CODEX_API_KEY")
 _TOTALS = ("input_tokens", "cached_input_tokens", "output_tokens")
@@ -66,19 +66,11 @@ class State(AdapterState):
     answer: str = ""
     last_error: str | None = None
     seen_items: set[str] = field(default_factory=set)
-    channel: codex_app_server.Channel | None = None
-    """The app-server conversation of a ``--posture ask`` turn."""
 
 
 def new_state(request: TurnRequest) -> State:
-    channel = (
-        codex_app_server.channel(request, _SANDBOX["ask"]) if request.posture == "ask" else None
-    )
     return State(
-        offered_session=request.resume_session,
-        prior=dict(request.carry),
-        carry=dict(request.carry),
-        channel=channel,
+        offered_session=request.resume_session, prior=dict(request.carry), carry=dict(request.carry)
     )
 
 
@@ -87,9 +79,16 @@ def _toml(value: str) -> str:
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-def _config(request: TurnRequest) -> str:
+def config_file(request: TurnRequest, sandbox_mode: str) -> dict[str, str]:
+    """``$HOME/.codex/config.toml``, which ``exec``, ``exec resume`` and ``app-server`` read:
+    the sandbox mode, the system prompt, the provider of a base URL."""
+    home = request.home.rstrip("/")
+    return {f"{home}/.codex/config.toml": _config(request, sandbox_mode)}
+
+
+def _config(request: TurnRequest, sandbox_mode: str) -> str:
     lines = [
-        f"sandbox_mode = {_toml(_SANDBOX[request.posture])}",
+        f"sandbox_mode = {_toml(sandbox_mode)}",
         # exec never asks anyway; say so, so a config default cannot make it wait.
         'approval_policy = "never"',
     ]
@@ -116,17 +115,7 @@ def _config(request: TurnRequest) -> str:
 def build_command(request: TurnRequest) -> Command:
     """The prompt is ``-``: codex then reads the whole input from stdin (no argv limit, and
     an input starting with ``-`` is not taken for a flag). Everything else goes into
-    ``$HOME/.codex/config.toml``, which ``exec`` and ``exec resume`` both read."""
-    home = request.home.rstrip("/")
-    if request.posture == "ask":
-        # JSON-RPC on stdin/stdout: model, thread and input ride in its requests.
-        return Command(
-            argv=(request.executable or "codex", "app-server"),
-            stdin=codex_app_server.first_message(),
-            files={f"{home}/.codex/config.toml": _config(request)},
-            cwd=request.workspace,
-            keep_stdin=True,
-        )
+    :func:`config_file`."""
     argv = [request.executable or "codex", "exec"]
     if request.resume_session:
         argv += ["resume", request.resume_session]
@@ -137,7 +126,7 @@ def build_command(request: TurnRequest) -> Command:
     return Command(
         argv=tuple(argv),
         stdin=request.input.encode("utf-8"),
-        files={f"{home}/.codex/config.toml": _config(request)},
+        files=config_file(request, _SANDBOX[request.posture]),
         cwd=request.workspace,
     )
 
@@ -200,8 +189,6 @@ def _completed(message: dict[str, Any], state: State) -> list[Event]:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
-    if state.channel is not None:
-        return codex_app_server.map_message(message, state, state.channel)
     kind = message.get("type")
     if kind == "thread.started":
         thread_id = coerce.nonempty(message.get("thread_id"))
@@ -230,10 +217,6 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     return []
 
 
-def answer(state: State, ask: Ask, decision: Decision) -> None:
-    codex_app_server.answer(state, ask, decision)
-
-
 def finish(state: State, exit: ExitInfo) -> list[Event]:
     tail, code = exit.stderr_tail, exit.exit_code
     last = tail.strip().splitlines()[-1] if tail.strip() else ""
@@ -253,12 +236,6 @@ def finish(state: State, exit: ExitInfo) -> list[Event]:
 
 def policy_warning(request: TurnRequest) -> str | None:
     parts = []
-    if request.posture == "ask":
-        parts.append(
-            "codex runs the commands it was allowed to run outside its own sandbox in the ask "
-            "posture (only the run's container confines them); commands it knows to be "
-            "read-only (ls, cat, ...) run without asking"
-        )
     if request.posture == "auto":
         parts.append(
             "codex runs its commands outside its own sandbox in the auto posture "

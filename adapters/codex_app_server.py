@@ -1,7 +1,9 @@
 """codex with ``--posture ask``: ``codex app-server`` (0.169.0), JSON-RPC over stdio
-(:mod:`adapters.jsonrpc`), the one codex channel that asks (``codex exec`` never does).
+(:mod:`adapters.jsonrpc`), the one codex mode that asks (``codex exec`` never does).
 
-The turn:
+The config file is codex's (:func:`adapters.codex.config_file`) with the sandbox mode of
+the auto posture; model, thread and input ride in the requests, none in argv. The exit is
+read as in the one-shot mode (:func:`adapters.codex.finish`). The turn:
 
 1. → ``initialize`` ``{clientInfo}`` ← ``{userAgent, codexHome, ...}``; → ``initialized``.
 2. → ``thread/start`` ``{cwd, model, approvalPolicy: "untrusted", sandbox}`` or
@@ -32,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce, jsonrpc
+from adapters import codex, coerce, jsonrpc
 from adapters.asks import Ask, Decision
 from adapters.errors import error_event
 from adapters.events import (
@@ -44,8 +46,13 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import AdapterState, TurnRequest
+from adapters.protocol import AdapterState, Command, TurnRequest
 
+HARNESS_ID = codex.HARNESS_ID
+CAPABILITIES = codex.CAPABILITIES
+SANDBOX_MODE = "danger-full-access"
+"""codex asks before every command it does not know to be safe; what is approved runs as in
+the auto posture, unsandboxed by codex (see :mod:`adapters.codex`)."""
 APPROVAL_POLICY = "untrusted"
 """Every command codex does not know to be safe (reads such as ``ls``, ``cat``) is asked."""
 _INITIALIZE, _THREAD, _TURN = 1, 2, 3
@@ -76,23 +83,42 @@ class Channel:
     announced: bool = False
 
 
-def channel(request: TurnRequest, sandbox: str) -> Channel:
-    return Channel(
+@dataclass(kw_only=True)
+class State(codex.State):
+    channel: Channel
+
+
+def new_state(request: TurnRequest) -> State:
+    channel = Channel(
         cwd=request.workspace,
         input=request.input,
         model=request.model,
-        sandbox=sandbox,
+        sandbox=SANDBOX_MODE,
         resume=request.resume_session,
     )
-
-
-def first_message() -> bytes:
-    return jsonrpc.request(
-        _INITIALIZE, "initialize", {"clientInfo": {"name": "harness-worker", "version": "1"}}
+    return State(
+        offered_session=request.resume_session,
+        prior=dict(request.carry),
+        carry=dict(request.carry),
+        channel=channel,
     )
 
 
-def map_message(message: dict[str, Any], state: AdapterState, ch: Channel) -> list[Event]:
+def build_command(request: TurnRequest) -> Command:
+    first = jsonrpc.request(
+        _INITIALIZE, "initialize", {"clientInfo": {"name": "harness-worker", "version": "1"}}
+    )
+    return Command(
+        argv=(request.executable or "codex", "app-server"),
+        stdin=first,
+        files=codex.config_file(request, SANDBOX_MODE),
+        cwd=request.workspace,
+        keep_stdin=True,
+    )
+
+
+def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    ch = state.channel
     found = jsonrpc.kind(message)
     if found == "response":
         return _response(message, state, ch)
@@ -104,10 +130,23 @@ def map_message(message: dict[str, Any], state: AdapterState, ch: Channel) -> li
     return []
 
 
-def answer(state: AdapterState, ask: Ask, decision: Decision) -> None:
+def answer(state: State, ask: Ask, decision: Decision) -> None:
     accept, decline, cancel = _APPROVALS[ask.reply["method"]]
     verdict = cancel if decision.abort else accept if decision.allow else decline
     state.outbox.append(jsonrpc.result(ask.native_id, {"decision": verdict}))
+
+
+finish = codex.finish
+
+
+def policy_warning(request: TurnRequest) -> str | None:
+    ask = (
+        "codex runs the commands it was allowed to run outside its own sandbox in the ask "
+        "posture (only the run's container confines them); commands it knows to be "
+        "read-only (ls, cat, ...) run without asking"
+    )
+    rest = codex.policy_warning(request)
+    return f"{ask}; {rest}" if rest else ask
 
 
 # -- inside ----------------------------------------------------------------------------------

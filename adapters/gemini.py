@@ -1,4 +1,8 @@
-"""gemini: ``gemini -p "" --output-format stream-json``; fixtures from gemini-cli 0.61.0."""
+"""gemini: ``gemini -p "" --output-format stream-json``; fixtures from gemini-cli 0.61.0.
+
+The one-shot mode. ``--posture ask`` runs ``gemini --acp`` instead (:mod:`adapters.gemini_acp`),
+with the same settings, policy and system prompt (:func:`invocation`).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import acp, coerce
-from adapters.asks import Ask, Decision
+from adapters import coerce
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -41,9 +44,7 @@ CAPABILITIES = Capabilities(
 # deltas), tool_use (tool_name, parameters), tool_result (ends a narration segment), error
 # (non-fatal warnings), result (status, error, stats with token counts and `models` keyed
 # by the model that answered). Every line also carries a timestamp, which we ignore.
-# ask: the ACP channel (``gemini --acp``, :mod:`adapters.acp`); in the default mode every
-# call the policy does not settle comes to us as ``session/request_permission``.
-_APPROVAL = {"strict": "default", "auto": "auto_edit", "dangerous": "yolo", "ask": "default"}
+_APPROVAL = {"strict": "default", "auto": "auto_edit", "dangerous": "yolo"}
 _FILE_TOOLS = {"write_file", "replace", "edit"}
 _PATTERN = re.compile(r"^\s*([\w.*-]+)\s*(?:\((.*)\))?\s*$", re.S)
 # Exit 42 (FatalInputError) with this on stderr when the offered session does not exist:
@@ -75,13 +76,10 @@ class State(AdapterState):
     offered_session: str | None
     answer: list[str] = field(default_factory=list)
     last_error: str | None = None
-    channel: acp.Client | None = None
-    """The ACP conversation of a ``--posture ask`` turn."""
 
 
 def new_state(request: TurnRequest) -> State:
-    channel = acp.client(request) if request.posture == "ask" else None
-    return State(offered_session=request.resume_session, channel=channel)
+    return State(offered_session=request.resume_session)
 
 
 def _rule(pattern: str, decision: str, priority: int) -> str:
@@ -105,21 +103,19 @@ def _policy(request: TurnRequest) -> str:
     return "\n\n".join(rules) + "\n"
 
 
-def build_command(request: TurnRequest) -> Command:
-    """The input goes on stdin with an empty ``-p``: in headless mode 0.61.0 reads piped
-    stdin (up to 8 MiB) and appends the ``-p`` text, so nothing large or starting with ``-``
-    rides in argv. Model and session are flags; auth, base URL, trust and the system prompt
-    are files and environment."""
+def invocation(
+    request: TurnRequest, mode: tuple[str, ...], approval_mode: str, *, resume: bool
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """gemini's argv (``mode`` flags, then the model, the session when ``resume``, the
+    approval mode and the policy file), environment and files, in either mode: auth, base
+    URL, trust and the system prompt are files and environment."""
     home = request.home.rstrip("/")
-    ask = request.posture == "ask"
-    # ask: ACP on stdin/stdout; the input rides in session/prompt, a resume is session/load.
-    mode = ["--acp"] if ask else ["--output-format", "stream-json"]
     argv = [request.executable or "gemini", *mode]
     if request.model:
         argv += ["--model", request.model]
-    if request.resume_session and not ask:
+    if request.resume_session and resume:
         argv += ["--resume", request.resume_session]
-    argv += ["--approval-mode", _APPROVAL[request.posture]]
+    argv += ["--approval-mode", approval_mode]
     files = {f"{home}/.gemini/settings.json": _SETTINGS}
     env = {"GEMINI_CLI_TRUST_WORKSPACE": "true"}
     if request.allow or request.deny:
@@ -130,9 +126,15 @@ def build_command(request: TurnRequest) -> Command:
         env["GEMINI_SYSTEM_MD"] = f"{home}/.harness/gemini-system.md"
     if request.base_url:
         env["GOOGLE_GEMINI_BASE_URL"] = request.base_url
-    if ask:
-        first = acp.first_message()
-        return Command(tuple(argv), first, env, files, cwd=request.workspace, keep_stdin=True)
+    return argv, env, files
+
+
+def build_command(request: TurnRequest) -> Command:
+    """The input goes on stdin with an empty ``-p``: in headless mode 0.61.0 reads piped
+    stdin (up to 8 MiB) and appends the ``-p`` text, so nothing large or starting with ``-``
+    rides in argv. Model and session are flags."""
+    mode = ("--output-format", "stream-json")
+    argv, env, files = invocation(request, mode, _APPROVAL[request.posture], resume=True)
     argv += ["--prompt", ""]
     return Command(
         argv=tuple(argv),
@@ -201,8 +203,6 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
-    if state.channel is not None:
-        return acp.map_message(message, state, state.channel)
     kind = message.get("type")
     if kind == "init":
         state.session_id = coerce.nonempty(message.get("session_id")) or state.session_id
@@ -225,10 +225,6 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     if kind == "result":
         return _result(message, state)
     return []
-
-
-def answer(state: State, ask: Ask, decision: Decision) -> None:
-    acp.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:
@@ -266,10 +262,5 @@ def finish(state: State, exit: ExitInfo) -> list[Event]:
 
 
 def policy_warning(request: TurnRequest) -> str | None:
-    if request.posture == "ask":
-        return (
-            "gemini --acp (0.61.0) may not find a session it saved over ACP when a later turn "
-            "loads it: that turn then starts a fresh session with the run's prior "
-            "conversation replayed"
-        )
+    # Every posture and pattern is enforced by the CLI (its approval mode and policy file).
     return None

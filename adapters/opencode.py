@@ -1,4 +1,8 @@
-"""opencode: `opencode run --format json`, fixtures recorded with opencode-ai 1.18.33."""
+"""opencode: `opencode run --format json`, fixtures recorded with opencode-ai 1.18.33.
+
+The one-shot mode. ``--posture ask`` runs ``opencode acp`` instead
+(:mod:`adapters.opencode_acp`), with the same config (:func:`setup`).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import acp, coerce
-from adapters.asks import Ask, Decision
+from adapters import coerce
 from adapters.errors import classify
 from adapters.events import (
     ActivityKind,
@@ -61,9 +64,9 @@ _POSTURES: dict[str, dict[str, str]] = {
     "strict": {"edit": "deny", **dict.fromkeys(_GATED, "deny")},
     "auto": {"edit": "allow", **dict.fromkeys(_GATED, "deny")},
     "dangerous": {"*": "allow"},
-    # ask: `opencode acp` (adapters.acp) hands every "ask" to us as session/request_permission.
-    "ask": {"edit": "ask", **dict.fromkeys(_GATED, "ask")},
 }
+#: ``--posture ask``: `opencode acp` (:mod:`adapters.opencode_acp`) hands every "ask" to us.
+ASK_RULES = {"edit": "ask", **dict.fromkeys(_GATED, "ask")}
 _PATTERN = re.compile(r"^\s*([A-Za-z_][\w-]*)\s*(?:\((.*)\))?\s*$", re.S)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -78,16 +81,11 @@ class State(AdapterState):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
-    channel: acp.Client | None = None
-    """The ACP conversation of a ``--posture ask`` turn."""
 
 
 def new_state(request: TurnRequest) -> State:
     # A model we describe ourselves (base_url) has no price: opencode reports 0 for it.
-    channel = acp.client(request) if request.posture == "ask" else None
-    return State(
-        offered_session=request.resume_session, priced=request.base_url is None, channel=channel
-    )
+    return State(offered_session=request.resume_session, priced=request.base_url is None)
 
 
 def _translate(pattern: str) -> tuple[str, str | None] | None:
@@ -103,7 +101,8 @@ def _translate(pattern: str) -> tuple[str, str | None] | None:
 def permission_config(request: TurnRequest) -> dict[str, Any]:
     """opencode's ``permission`` object: the posture, then the allows, then the denies
     (opencode applies the last rule that matches, so a deny wins)."""
-    rules: dict[str, Any] = dict(_POSTURES[request.posture])
+    posture = ASK_RULES if request.posture == "ask" else _POSTURES[request.posture]
+    rules: dict[str, Any] = dict(posture)
     for patterns, action in ((request.allow, "allow"), (request.deny, "deny")):
         for key, spec in filter(None, map(_translate, patterns)):
             if spec is None or spec.strip() in ("", "*"):
@@ -123,10 +122,23 @@ def _key_env(request: TurnRequest) -> str | None:
     return min(request.granted_env) if request.granted_env else None
 
 
-def build_command(request: TurnRequest) -> Command:
-    """The input goes on stdin, never in argv: opencode reads a piped stdin to EOF (no
-    argv size limit, so 1 MiB works) and uses it verbatim as the message when argv has
-    none, whereas argv words are re-joined and quoted when they hold spaces (1.18.33)."""
+@dataclass(frozen=True)
+class Setup:
+    """What opencode is given in either mode: ``model`` as opencode names it (``-m``), the
+    environment, the ``config`` the caller writes to ``config_path`` (it may add to it
+    first) and the other ``files`` (a system prompt, named in the config)."""
+
+    model: str | None
+    env: dict[str, str]
+    config: dict[str, Any]
+    config_path: str
+    files: dict[str, str]
+
+    def all_files(self) -> dict[str, str]:
+        return {**self.files, self.config_path: json.dumps(self.config, indent=2)}
+
+
+def setup(request: TurnRequest) -> Setup:
     config_dir = f"{request.home}/.config/opencode"
     # Project config is disabled (a workspace opencode.json would override these
     # permissions, REAL-CLIS.md #8); that also drops the workspace AGENTS.md, named here.
@@ -141,7 +153,7 @@ def build_command(request: TurnRequest) -> Command:
         "instructions": instructions,
         "permission": permission_config(request),
     }
-    argv = [request.executable or "opencode", "run", "--format", "json"]
+    model = request.model
     env = {
         "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
@@ -159,22 +171,22 @@ def build_command(request: TurnRequest) -> Command:
             PROVIDER: {"npm": "@ai-sdk/openai-compatible", "options": options, "models": models}
         }
         env["OPENCODE_DISABLE_MODELS_FETCH"] = "1"  # models.dev knows nothing of our provider
-        argv += ["-m", f"{PROVIDER}/{request.model}"]
-    elif request.model:
-        argv += ["-m", request.model]
+        model = f"{PROVIDER}/{request.model}"
+    return Setup(model, env, config, f"{config_dir}/opencode.json", files)
+
+
+def build_command(request: TurnRequest) -> Command:
+    """The input goes on stdin, never in argv: opencode reads a piped stdin to EOF (no
+    argv size limit, so 1 MiB works) and uses it verbatim as the message when argv has
+    none, whereas argv words are re-joined and quoted when they hold spaces (1.18.33)."""
+    found = setup(request)
+    argv = [request.executable or "opencode", "run", "--format", "json"]
+    if found.model:
+        argv += ["-m", found.model]
     if request.resume_session:
         argv += ["--session", request.resume_session]
-    if request.posture == "ask":
-        # ACP on stdin/stdout: the model is chosen in the config (`acp` has no -m), the input
-        # rides in session/prompt, a resume is session/load.
-        if "-m" in argv:
-            config["model"] = argv[argv.index("-m") + 1]
-        files[f"{config_dir}/opencode.json"] = json.dumps(config, indent=2)
-        argv = [request.executable or "opencode", "acp"]
-        first = acp.first_message()
-        return Command(tuple(argv), first, env, files, request.workspace, keep_stdin=True)
-    files[f"{config_dir}/opencode.json"] = json.dumps(config, indent=2)
-    return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
+    stdin = request.input.encode("utf-8")
+    return Command(tuple(argv), stdin, found.env, found.all_files(), request.workspace)
 
 
 def _retry_after(headers: dict[str, Any]) -> float | None:
@@ -242,8 +254,6 @@ def _usage(part: dict[str, Any], state: State) -> Usage:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
-    if state.channel is not None:
-        return acp.map_message(message, state, state.channel)
     events: list[Event] = []
     session_id = message.get("sessionID")  # on every line
     if state.session_id is None and isinstance(session_id, str) and session_id:
@@ -272,10 +282,6 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
     elif kind == "error":  # printed once opencode has given up; it then exits 1
         events.append(_error(message))
     return events
-
-
-def answer(state: State, ask: Ask, decision: Decision) -> None:
-    acp.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:

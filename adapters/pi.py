@@ -1,4 +1,8 @@
-"""pi: `pi -p --mode json`, fixtures recorded with @mariozechner/pi-coding-agent 0.73.1."""
+"""pi: `pi -p --mode json`, fixtures recorded with @mariozechner/pi-coding-agent 0.73.1.
+
+The one-shot mode. ``--posture ask`` runs ``pi --mode rpc`` instead (:mod:`adapters.pi_rpc`),
+with the same options (:func:`invocation`); its agent events are this mode's, mapped here.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce, pi_rpc
-from adapters.asks import Ask, Decision
+from adapters import coerce
 from adapters.errors import classify
 from adapters.events import (
     ActivityKind,
@@ -73,17 +76,16 @@ class State(AdapterState):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
-    rpc: bool = False
-    """``--posture ask``: ``pi --mode rpc`` with the gate extension (:mod:`adapters.pi_rpc`)."""
 
 
 def new_state(request: TurnRequest) -> State:
     # A model we describe ourselves (base_url) has no price: pi reports 0 for it.
-    return State(
-        offered_session=request.resume_session,
-        priced=request.base_url is None,
-        rpc=request.posture == "ask",
-    )
+    return State(offered_session=request.resume_session, priced=request.base_url is None)
+
+
+def allowed_outright(request: TurnRequest) -> set[str]:
+    """The pi tools the run allows as a whole (a pattern naming the tool, no command)."""
+    return {tool for tool, scoped in _patterns(request.allow) if not scoped}
 
 
 def _patterns(patterns: tuple[str, ...]) -> list[tuple[str, bool]]:
@@ -106,12 +108,12 @@ def tools_for(request: TurnRequest) -> list[str]:
     return [tool for tool in dict.fromkeys(tools) if tool not in denied]
 
 
-def build_command(request: TurnRequest) -> Command:
-    """The input goes on stdin: pi reads a piped stdin to EOF and makes it the prompt (no
-    argv size limit; in argv, a prompt starting with ``-`` or ``@`` would be taken for an
-    option or a file, and 0.73.1 has no ``--``). pi trims the piped text's outer blanks."""
-    ask = request.posture == "ask"
-    argv = [request.executable or "pi", *(("--mode", "rpc") if ask else ("-p", "--mode", "json"))]
+def invocation(
+    request: TurnRequest, mode: tuple[str, ...]
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """pi's argv (``mode`` flags, then provider, model, session, system prompt file and the
+    tool allowlist), environment and files, in either mode."""
+    argv = [request.executable or "pi", *mode]
     files: dict[str, str] = {}
     if request.base_url:
         if not request.model:
@@ -145,19 +147,18 @@ def build_command(request: TurnRequest) -> Command:
         "PI_OFFLINE": "1",  # no update checks or other start-up network calls
         "PI_CODING_AGENT_DIR": f"{request.home}/.pi/agent",  # models.json, sessions
     }
-    if ask:
-        # The input rides in the RPC prompt command; stdin stays open for the answers.
-        path = f"{request.home.rstrip('/')}/{pi_rpc.EXTENSION_PATH}"
-        files[path] = pi_rpc.EXTENSION
-        argv += ["-e", path]
-        allowed = {tool for tool, scoped in _patterns(request.allow) if not scoped}
-        env["HARNESS_ASK_TOOLS"] = pi_rpc.asked_tools(tools, allowed)
-        stdin = pi_rpc.first_lines(request)
-        return Command(tuple(argv), stdin, env, files, request.workspace, keep_stdin=True)
+    return argv, env, files
+
+
+def build_command(request: TurnRequest) -> Command:
+    """The input goes on stdin: pi reads a piped stdin to EOF and makes it the prompt (no
+    argv size limit; in argv, a prompt starting with ``-`` or ``@`` would be taken for an
+    option or a file, and 0.73.1 has no ``--``). pi trims the piped text's outer blanks."""
+    argv, env, files = invocation(request, ("-p", "--mode", "json"))
     return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
 
 
-def _session(state: State) -> list[Event]:
+def session_events(state: State) -> list[Event]:
     if state.announced or state.session_id is None:
         return []
     state.announced = True
@@ -166,7 +167,7 @@ def _session(state: State) -> list[Event]:
     return [Session(session_id=state.session_id, resumed=resumed, model=state.model)]
 
 
-def _error(text: str, exit_code: int | None = None, stderr: str = "") -> Event:
+def failed_event(text: str, exit_code: int | None = None, stderr: str = "") -> Event:
     # pi 0.73.1 passes the OpenAI SDK's message on: "<status> <body message>".
     match = re.match(r"\s*([1-5]\d\d)\b", text)
     found = classify(text, int(match.group(1)) if match else None)
@@ -205,7 +206,7 @@ def _assistant(message: dict[str, Any], state: State) -> list[Event]:
     """An assistant message_end: its text, its usage (read only here: every message_update
     repeats the running partial usage), its stop reason."""
     state.model = coerce.text(message.get("model")) or state.model
-    events = _session(state)
+    events = session_events(state)
     blocks = [coerce.mapping(b) for b in message.get("content") or []]
     state.last_text = "".join(coerce.text(b.get("text")) for b in blocks if b.get("type") == "text")
     if state.last_text:
@@ -229,10 +230,6 @@ def _activity(tool: str, args: dict[str, Any], failed: bool) -> SandboxActivity:
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
-    if state.rpc:
-        found = pi_rpc.map_message(message, state)
-        if found is not None:
-            return found
     kind = message.get("type")
     if kind == "session" and state.session_id is None and coerce.text(message.get("id")):
         state.session_id = message["id"]  # the header; the model comes with the first reply
@@ -241,7 +238,7 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         and coerce.mapping(message.get("message")).get("role") == "assistant"
     ):
         state.model = coerce.text(message["message"].get("model")) or state.model
-        return _session(state)
+        return session_events(state)
     elif (
         kind == "message_end" and coerce.mapping(message.get("message")).get("role") == "assistant"
     ):
@@ -263,31 +260,27 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
             output_tokens=state.output_tokens,
             cost_usd=state.cost_usd,
         )
-        return [*_session(state), complete]
-    elif kind == "agent_end" and state.rpc:
-        # RPC mode waits for the next command after a failed reply: the turn ends here.
-        return [*_session(state), _error(state.failure or "the model call failed")]
+        return [*session_events(state), complete]
     elif kind == "auto_retry_end" and message.get("success") is False:
         text = coerce.text(message.get("finalError")) or state.failure or "the model call failed"
-        return [*_session(state), _error(text)]
+        return [*session_events(state), failed_event(text)]
     return []
-
-
-def answer(state: State, ask: Ask, decision: Decision) -> None:
-    pi_rpc.answer(state, ask, decision)
 
 
 def finish(state: State, exit: ExitInfo) -> list[Event]:
     """pi exits 0 after a failed model call (the error is only in the stream), and 1 when
     it cannot start, e.g. for a session id it does not know."""
     if state.failure is not None:
-        return [*_session(state), _error(state.failure, exit.exit_code, exit.stderr_tail)]
+        return [
+            *session_events(state),
+            failed_event(state.failure, exit.exit_code, exit.stderr_tail),
+        ]
     if state.offered_session and "No session found matching" in exit.stderr_tail:
         state.resume_rejected = True
         error = f"pi could not resume {state.offered_session}: no such session"
         tail = exit.stderr_tail
         return [session_error(error, "harness-error", exit_code=exit.exit_code, stderr_tail=tail)]
-    return _session(state)
+    return session_events(state)
 
 
 def policy_warning(request: TurnRequest) -> str | None:

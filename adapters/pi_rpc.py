@@ -9,22 +9,28 @@ waiting for ``{"type":"extension_ui_response","id":I,"confirmed":true|false}`` (
 ``"cancelled":true``) on stdin. A denied call is blocked with a fixed reason the model is
 told; without a UI (not RPC mode) every gated call is blocked, so the gate fails closed.
 
+The options are pi's (:func:`adapters.pi.invocation`) with ``--mode rpc`` and ``-e``.
 Stdin starts with ``get_state`` (its response names the session: RPC mode prints no
 ``session`` header) and the ``prompt`` command; the agent's events are those of
-``--mode json`` and are mapped by :mod:`adapters.pi`. ``agent_end`` ends the turn.
+``--mode json`` and are mapped by :mod:`adapters.pi`. ``agent_end`` ends the turn, a failed
+one too (RPC mode then waits for the next command, where ``-p`` would retry or exit). The
+exit is read as in the one-shot mode (:func:`adapters.pi.finish`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from adapters import coerce
+from adapters import coerce, pi
 from adapters.asks import Ask, Decision
 from adapters.errors import error_event
 from adapters.events import Event
-from adapters.protocol import AdapterState, TurnRequest
+from adapters.protocol import AdapterState, Command, TurnRequest
 
+HARNESS_ID = pi.HARNESS_ID
+CAPABILITIES = pi.CAPABILITIES
 TITLE = "harness-permission"
 GATED = ("bash", "edit", "write")
 """The tools asked about; pi's others (read, grep, find, ls) only read."""
@@ -57,10 +63,27 @@ def _line(value: dict[str, Any]) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
-def first_lines(request: TurnRequest) -> bytes:
-    return _line({"id": "harness-state", "type": "get_state"}) + _line(
+@dataclass(kw_only=True)
+class State(pi.State):
+    """A ``pi --mode rpc`` turn: the one-shot mode's state, mapped partly here."""
+
+
+def new_state(request: TurnRequest) -> State:
+    # A model we describe ourselves (base_url) has no price: pi reports 0 for it.
+    return State(offered_session=request.resume_session, priced=request.base_url is None)
+
+
+def build_command(request: TurnRequest) -> Command:
+    """The input rides in the RPC ``prompt`` command; stdin stays open for the answers."""
+    argv, env, files = pi.invocation(request, ("--mode", "rpc"))
+    path = f"{request.home.rstrip('/')}/{EXTENSION_PATH}"
+    files[path] = EXTENSION
+    argv += ["-e", path]
+    env["HARNESS_ASK_TOOLS"] = asked_tools(pi.tools_for(request), pi.allowed_outright(request))
+    stdin = _line({"id": "harness-state", "type": "get_state"}) + _line(
         {"id": "harness-prompt", "type": "prompt", "message": request.input}
     )
+    return Command(tuple(argv), stdin, env, files, request.workspace, keep_stdin=True)
 
 
 def asked_tools(tools: list[str], allowed: set[str]) -> str:
@@ -68,9 +91,12 @@ def asked_tools(tools: list[str], allowed: set[str]) -> str:
     return ",".join(t for t in GATED if t in tools and t not in allowed)
 
 
-def map_message(message: dict[str, Any], state: AdapterState) -> list[Event] | None:
-    """What only RPC mode sends; None for the agent events :mod:`adapters.pi` maps."""
+def map_message(message: dict[str, Any], state: State) -> list[Event]:
+    """What only RPC mode sends, here; the agent's events by :func:`adapters.pi.map_message`."""
     kind = message.get("type")
+    if kind == "agent_end" and state.failure is not None:
+        # RPC mode waits for the next command after a failed reply: the turn ends here.
+        return [*pi.session_events(state), pi.failed_event(state.failure)]
     if kind == "response":
         if message.get("command") == "get_state" and message.get("success") is True:
             data = coerce.mapping(message.get("data"))
@@ -82,7 +108,7 @@ def map_message(message: dict[str, Any], state: AdapterState) -> list[Event] | N
     if kind == "extension_ui_request":
         _ui_request(message, state)
         return []
-    return None
+    return pi.map_message(message, state)
 
 
 def _ui_request(message: dict[str, Any], state: AdapterState) -> None:
@@ -122,3 +148,7 @@ def answer(state: AdapterState, ask: Ask, decision: Decision) -> None:
     else:
         reply["confirmed"] = decision.allow
     state.outbox.append(_line(reply))
+
+
+finish = pi.finish
+policy_warning = pi.policy_warning

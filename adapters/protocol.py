@@ -1,4 +1,5 @@
-"""What every adapter module provides, and the values passed to and from it.
+"""What every adapter provides (:class:`Adapter`, :class:`Mode`), and the values passed to and
+from it.
 
 An adapter is pure: it turns a :class:`TurnRequest` into a :class:`Command` (argv, stdin,
 environment names and values that are not secret, config files to place in the run's HOME)
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from adapters.asks import Ask
+from adapters.asks import Ask, Decision
 from adapters.events import Event
 
 Posture = Literal["strict", "auto", "dangerous", "ask"]
@@ -136,9 +137,11 @@ class AdapterState:
 StateT = TypeVar("StateT", bound=AdapterState)
 
 
-class Adapter(Protocol[StateT]):
-    """The surface of one adapter module (``adapters/<module>.py``), whose ``State`` is
-    ``StateT``: the state ``new_state`` makes is the one its mapper is given back."""
+class Mode(Protocol[StateT]):
+    """One CLI mode of a harness, as a module (``adapters/<module>.py``) whose ``State`` is
+    ``StateT``: how a turn is invoked and how its output is mapped. The state ``new_state``
+    makes is the one its mapper is given back. A mode that asks nothing of us (a one-shot
+    mapper) needs no more; :class:`Adapter` is a mode that can also answer."""
 
     HARNESS_ID: str
     CAPABILITIES: Capabilities
@@ -152,3 +155,11 @@ class Adapter(Protocol[StateT]):
     def finish(self, state: StateT, exit: ExitInfo) -> list[Event]: ...
 
     def policy_warning(self, request: TurnRequest) -> str | None: ...
+
+
+class Adapter(Mode[StateT], Protocol[StateT]):
+    """Everything the worker calls on a harness's adapter (``adapters.get``): a mode, and
+    ``answer``, which the worker calls with the decision on each :class:`~adapters.asks.Ask`
+    the mapper left in ``state.asks``; it appends the harness's reply to ``state.outbox``."""
+
+    def answer(self, state: StateT, ask: Ask, decision: Decision) -> None: ...

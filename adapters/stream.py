@@ -29,7 +29,7 @@ from adapters.events import (
     TurnStarted,
     session_error,
 )
-from adapters.protocol import Adapter, AdapterState, ExitInfo, TurnRequest
+from adapters.protocol import AdapterState, ExitInfo, Mode, TurnRequest
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 _decode_json = json.JSONDecoder().decode  # json.loads without its per-call dispatch
@@ -137,7 +137,7 @@ class StreamDriver:
     """Runs one turn's output through an adapter under the shared stream rules. ``state`` is
     the adapter's own (an :class:`AdapterState`), read by the worker once the turn is over."""
 
-    adapter: Adapter[Any]
+    adapter: Mode[Any]
     request: TurnRequest
     attempt: int = 1
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES

@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from adapters import gemini, opencode
+import adapters
 from adapters.asks import Decision
 from adapters.events import Event
+from adapters.protocol import TurnRequest
 
+gemini = adapters.get("gemini")
+opencode = adapters.get("opencode")
 WS = "/workspace"
 CMD = "echo agent-line >> README.md && echo made-by-agent > agent.txt && echo edit-ran"
-GEMINI_ASK = gemini.TurnRequest(input="[scenario:edit] go", posture="ask", model="gemini-2.5-flash")
-OPENCODE_ASK = opencode.TurnRequest(
+GEMINI_ASK = TurnRequest(input="[scenario:edit] go", posture="ask", model="gemini-2.5-flash")
+OPENCODE_ASK = TurnRequest(
     input="[scenario:edit] go", posture="ask", model="fake-model", base_url="http://m/v1"
 )
 
@@ -88,9 +91,9 @@ def test_gemini_ask_runs_acp_and_the_other_postures_do_not() -> None:
     first = json.loads(command.stdin or b"")
     assert (first["id"], first["method"]) == (1, "initialize")
     assert first["params"]["clientCapabilities"]["terminal"] is False
-    resumed = gemini.build_command(gemini.TurnRequest(input="x", posture="ask", resume_session="s"))
+    resumed = gemini.build_command(TurnRequest(input="x", posture="ask", resume_session="s"))
     assert "--resume" not in resumed.argv  # session/load instead
-    plain = gemini.build_command(gemini.TurnRequest(input="x", posture="auto"))
+    plain = gemini.build_command(TurnRequest(input="x", posture="auto"))
     assert "--acp" not in plain.argv and not plain.keep_stdin and plain.stdin == b"x"
     assert gemini.policy_warning(GEMINI_ASK) is not None
 
@@ -177,9 +180,7 @@ def test_opencode_ask_config_and_recorded_denial() -> None:
     config = json.loads(command.files["/workspace/.home/.config/opencode/opencode.json"])
     assert config["model"] == "harness/fake-model"
     assert config["permission"]["bash"] == "ask" and config["permission"]["edit"] == "ask"
-    plain = opencode.build_command(
-        opencode.TurnRequest(input="x", model="m", base_url="http://m/v1")
-    )
+    plain = opencode.build_command(TurnRequest(input="x", model="m", base_url="http://m/v1"))
     assert plain.argv[:2] == ("opencode", "run") and not plain.keep_stdin
     state = _open(opencode, OPENCODE_ASK, "ses_1")
     pending = _update(
@@ -229,7 +230,7 @@ def test_opencode_ask_config_and_recorded_denial() -> None:
 
 
 def test_load_skips_the_replayed_history_until_the_marker() -> None:
-    request = opencode.TurnRequest(input="again", posture="ask", resume_session="ses_1", model="m")
+    request = TurnRequest(input="again", posture="ask", resume_session="ses_1", model="m")
     state = opencode.new_state(request)
     opencode.map_message({"jsonrpc": "2.0", "id": 1, "result": {}}, state)
     [load] = _sent(state)
@@ -251,7 +252,7 @@ def test_load_skips_the_replayed_history_until_the_marker() -> None:
 
 
 def test_failed_load_is_a_rejected_resume_and_errors_end_the_turn() -> None:
-    request = gemini.TurnRequest(input="again", posture="ask", resume_session="stale")
+    request = TurnRequest(input="again", posture="ask", resume_session="stale")
     state = gemini.new_state(request)
     gemini.map_message({"jsonrpc": "2.0", "id": 1, "result": {}}, state)
     _sent(state)

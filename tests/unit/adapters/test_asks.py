@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
-from adapters import claude_code, stdio_json
+import adapters
+from adapters import stdio_json
 from adapters.asks import Decision
 from adapters.protocol import TurnRequest
 
 ASK = TurnRequest(input="go", posture="ask", executable="/bin/h")
+claude_code = adapters.get("claude-code")
 
 
 def test_stdio_json_permission_line_waits_for_a_decision_line() -> None:

@@ -15,6 +15,7 @@ Two kinds of test, so that a flag can neither lie nor stop mattering:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,10 +61,12 @@ def flip(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """``flip(harness, **flags)``: that adapter declares ``flags`` for this test only."""
 
     def set_flags(harness: str, **flags: Any) -> Adapter:
+        # The harness's adapter and its one-shot module (which the recordings replay).
         adapter = adapters.get(harness)
-        monkeypatch.setattr(
-            adapter, "CAPABILITIES", dataclasses.replace(adapter.CAPABILITIES, **flags)
-        )
+        flipped = dataclasses.replace(adapter.CAPABILITIES, **flags)
+        one_shot = importlib.import_module(f"adapters.{adapters.MODULES[harness]}")
+        for holder in {adapter, one_shot}:
+            monkeypatch.setattr(holder, "CAPABILITIES", flipped)
         return adapter
 
     yield set_flags

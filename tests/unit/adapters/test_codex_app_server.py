@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from adapters import codex
+import adapters
 from adapters.asks import Decision
 from adapters.protocol import TurnRequest
+
+codex = adapters.get("codex")
 
 ASK = TurnRequest(input="[scenario:edit] go", posture="ask", model="gpt-5.5")
 THREAD = "01a22f1a-273c"

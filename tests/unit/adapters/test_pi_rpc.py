@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from adapters import pi, pi_rpc
+import adapters
+from adapters import pi_rpc
 from adapters.asks import Decision
 from adapters.protocol import TurnRequest
 
 ASK = TurnRequest(
     input="[scenario:edit] go", posture="ask", model="fake-model", base_url="http://m/v1"
 )
+pi = adapters.get("pi")
 CMD = "echo made-by-agent > agent.txt"
 CALL = "call_695d"
 
