@@ -70,7 +70,7 @@ def run_turn(self: Task, payload: dict[str, Any]) -> str:
             deps.redis, deps.keys, deps.store, deps.settings, turn.run_id, turn.turn, harness
         )
         problem = f"internal error of the worker: {type(exc).__name__}: {exc}"
-        end_unclaimed_turn(ref, session_error(problem, "internal"))
+        end_unclaimed_turn(ref, session_error(problem, "internal"), caller="unclaimed")
         return "failed:internal"
 
 

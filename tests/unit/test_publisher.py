@@ -12,7 +12,7 @@ from redis.commands.core import Script
 
 from adapters.events import AssistantText, Event, TurnComplete, TurnStarted, Usage, parse_event
 from worker.store.keys import Keys
-from worker.store.lua import XADD_BATCH
+from worker.store.lua import SOURCES
 from worker.store.publisher import (
     MASK,
     SCRIPT_BATCH,
@@ -125,7 +125,7 @@ def test_start_seq_continues_a_turn(client: fakeredis.FakeRedis) -> None:
 
 
 def test_one_round_trip_per_publish_call(client: fakeredis.FakeRedis) -> None:
-    client.script_load(XADD_BATCH)  # as after a first call (the script is loaded once)
+    client.script_load(SOURCES["xadd_batch"])  # as after a first call (the script is loaded once)
     counting = CountingClient(client)
     publisher = _publisher(counting)
     publisher.publish(_texts(*"abcdefghij"))
@@ -136,7 +136,7 @@ def test_one_round_trip_per_publish_call(client: fakeredis.FakeRedis) -> None:
 
 
 def test_big_batch_split_into_bounded_script_calls(client: fakeredis.FakeRedis) -> None:
-    client.script_load(XADD_BATCH)
+    client.script_load(SOURCES["xadd_batch"])
     counting = CountingClient(client)
     publisher = _publisher(counting, maxlen=10_000)
     texts = [str(i) for i in range(SCRIPT_BATCH * 2 + 1)]

@@ -11,6 +11,7 @@ from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.options.spec import RunOptions
 from worker.store.keys import Keys
 from worker.store.records import CONTRACT_FIELDS, RecordChanges, RunRecord, RunStore
+from worker.store.status import RunStatus
 
 RUN = "r" + "a" * 24
 KEYS = Keys("t")
@@ -33,8 +34,28 @@ def created(store: RunStore) -> RunStore:
     return store
 
 
-def _finish(store: RunStore, turn: int, usage: tuple[int, int, int, float | None]) -> bool:
-    return store.finish_turn(RUN, turn, status="idle", usage=usage)
+def _finish(
+    store: RunStore,
+    turn: int,
+    usage: tuple[int, int, int, float | None],
+    *,
+    status: RunStatus = "idle",
+    changes: RecordChanges | None = None,
+) -> bool:
+    """End a turn as a caller no worker holds it for (no claim in these tests)."""
+    done, _ = store.end_turn(
+        RUN,
+        turn,
+        caller="outsider",
+        status=status,
+        header="{}",
+        terminal=("turn-complete", "{}"),
+        usage=usage,
+        changes=changes or {},
+        maxlen=1000,
+        mark_ttl_s=60,
+    )
+    return done
 
 
 def test_create_writes_contract_fields_with_turn_one_in_flight(
@@ -90,7 +111,10 @@ def test_begin_turn_increments_turns_when_idle(created: RunStore) -> None:
 
 @pytest.mark.parametrize("status", ["ended", "failed"])
 def test_begin_turn_refuses_finished_run(created: RunStore, status: str) -> None:
-    created.update(RUN, status=status)
+    if status == "ended":
+        created.end_run(RUN)
+    else:
+        _finish(created, 1, (0, 0, 0, None), status="failed")
     with pytest.raises(RunEnded) as caught:
         created.begin_turn(RUN)
     assert caught.value.status == status
@@ -125,38 +149,35 @@ def test_finish_turn_records_zero_cost_when_priced_free(created: RunStore) -> No
     assert created.get(RUN)["cost_usd"] == 0.0
 
 
-def test_finish_turn_sets_idle_only_for_current_turn(created: RunStore) -> None:
-    _finish(created, 1, (0, 0, 0, None))
+def test_a_turn_ends_once_and_its_usage_counts_once(created: RunStore) -> None:
+    assert _finish(created, 1, (4, 0, 0, None)) is True
     created.begin_turn(RUN)
-    assert _finish(created, 1, (4, 0, 0, None)) is False  # a late finish of an older turn
+    assert _finish(created, 1, (4, 0, 0, None)) is False  # a late second end of turn 1
     record = created.get(RUN)
-    assert record["status"] == "running"
-    assert record["input_tokens"] == 4  # its tokens were spent all the same
+    assert record["status"] == "running"  # turn 2's, untouched
+    assert record["input_tokens"] == 4
     assert _finish(created, 2, (0, 0, 0, None)) is True
     assert created.get(RUN)["status"] == "idle"
 
 
 def test_finish_turn_sets_failed_when_asked(created: RunStore) -> None:
-    created.finish_turn(RUN, 1, status="failed", usage=(0, 0, 0, None))
+    _finish(created, 1, (0, 0, 0, None), status="failed")
     assert created.get(RUN)["status"] == "failed"
 
 
 def test_finish_turn_never_overrides_ended(created: RunStore) -> None:
-    created.update(RUN, status="ended")
-    created.finish_turn(
-        RUN, 1, status="idle", usage=(3, 1, 0, None), changes={"last_error": "late"}
-    )
+    created.end_run(RUN)
+    _finish(created, 1, (3, 1, 0, None), changes={"last_error": "late"})
     record = created.get(RUN)
     assert record["status"] == "ended"
     assert record["input_tokens"] == 3
 
 
 def test_finish_turn_writes_fields(created: RunStore) -> None:
-    created.finish_turn(
-        RUN,
+    _finish(
+        created,
         1,
-        status="idle",
-        usage=(0, 0, 0, None),
+        (0, 0, 0, None),
         changes={
             "session_id": "s-1",
             "resumed": True,
@@ -251,10 +272,7 @@ def test_finish_turn_leaves_a_deleted_record_deleted(
     created: RunStore, client: fakeredis.FakeRedis
 ) -> None:
     client.delete(KEYS.run(RUN))
-    finished = created.finish_turn(
-        RUN, 1, status="idle", usage=(3, 1, 0, 0.5), changes={"last_error": "late"}
-    )
-    assert finished is False
+    _finish(created, 1, (3, 1, 0, 0.5), changes={"last_error": "late"})
     assert not client.exists(KEYS.run(RUN))
 
 

@@ -517,7 +517,7 @@ def _events_until_run_ends(client: Any, run_id: str, after: str | None) -> Itera
     or failed, and its last turn's terminal event read, or LAST_TERMINAL_GRACE_S passed
     without it) or its keys are gone."""
     from worker.errors import RunNotFound
-    from worker.store.records import FINISHED
+    from worker.store.status import FINISHED
 
     cursor, finished_at = after, None
     while True:

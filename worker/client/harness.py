@@ -54,8 +54,9 @@ from worker.spend import budgets, slots
 from worker.store import credentials
 from worker.store.keys import Keys, SyncRedis
 from worker.store.listing import RunFilter, unindex_run
-from worker.store.records import IN_FLIGHT, RunStore
+from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
+from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT
 from worker.turn.life import TurnRef, end_unclaimed_turn
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
@@ -138,6 +139,18 @@ def _settings(**overrides: Any) -> Settings:
         return load_settings(**overrides)
     except SettingsError as exc:
         raise InvalidSettings(str(exc)) from None
+
+
+def _check_snapshot(turn: object, what: str, *, required: bool = False) -> None:
+    """InvalidInput unless ``turn`` can name a snapshot: a whole number, 0 or more (0 is
+    the workspace before the first turn); None when not ``required``."""
+    if turn is None and not required:
+        return
+    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+        raise InvalidInput(
+            f"no snapshot after turn {turn!r} ({what}): a snapshot is named by its turn, "
+            "0 or more (0: the workspace before the first turn)"
+        )
 
 
 def _unwritable(target: Path, exc: OSError) -> InvalidInput:
@@ -393,11 +406,13 @@ class HarnessClient:
                 pipe.srem(self.keys.runs_index(), run_id)
                 pipe.execute()
                 return "the run was not created"
-            self.redis.delete(self.keys.turn_queued(run_id, turn))
-            self.store.update(
-                run_id, status="idle", last_error=f"turn {turn} could not be sent: {exc}"
+            if not self.store.unbegin_turn(run_id, turn):
+                return f"turn {turn} was not sent, yet run {run_id} moved on meanwhile"
+            self.store.update(run_id, last_error=f"turn {turn} could not be sent: {exc}")
+            return (
+                f"turn {turn} was not sent and run {run_id} is idle again "
+                f"(its next turn is turn {turn})"
             )
-            return f"turn {turn} was not sent and run {run_id} is idle again"
         except redis.RedisError:
             if turn == 1:
                 return f"run {run_id} may be left in Redis (unreachable too)"
@@ -428,7 +443,7 @@ class HarnessClient:
 
     def _waiting(self, run_id: str, record: dict[str, Any]) -> Waiting | None:
         turn = record.get("current_turn")
-        if record.get("status") not in IN_FLIGHT or not turn:
+        if record.get("status") not in EXECUTING or not turn:
             return None
         if self.redis.exists(self.keys.turn_started(run_id, turn)):
             return None
@@ -597,8 +612,12 @@ class HarnessClient:
         """A unified diff of the run's workspace, from the run's host: what turn ``turn``
         changed, or from snapshot ``from_turn`` (default: the first) to ``to_turn`` (default:
         the last). Binary files are named, not dumped. Written to ``out`` when given (then
-        returns b""), else returned. Refused when there is no such snapshot."""
+        returns b""), else returned. Refused when there is no such snapshot; InvalidInput,
+        before the host is asked, for a turn below 0."""
         check_run_id(run_id)
+        _check_snapshot(turn, "turn")
+        _check_snapshot(from_turn, "from")
+        _check_snapshot(to_turn, "to")
         if turn is not None and (from_turn is not None or to_turn is not None):
             raise InvalidInput("give either a turn, or from and to turns, not both")
         if turn is not None:
@@ -625,8 +644,9 @@ class HarnessClient:
         HARNESS_EXPORT_MAX_BYTES; nothing is left at ``path`` then. InvalidInput, before the
         host is asked, when ``path`` cannot be written (its folder is missing, it is a
         folder, no permission), or later when writing it fails; nothing is left then
-        either."""
+        either; InvalidInput too for a turn below 0."""
         check_run_id(run_id)
+        _check_snapshot(turn, "turn")
         target = Path(path)
         partial = target.with_name(f".{target.name}.partial")
         try:
@@ -652,12 +672,14 @@ class HarnessClient:
     def rewind(self, run_id: str, turn: int) -> dict[str, Any]:
         """Put the workspace back as it was after ``turn`` (0: as seeded); the next turn sees
         it, and publishes the rewind as a ``workspace`` event. Returns that event's data.
-        RunBusy while a turn is in flight."""
+        RunBusy while a turn is in flight; InvalidInput, before anything is asked, for a
+        turn below 0."""
         check_run_id(run_id)
+        _check_snapshot(turn, "turn", required=True)
         record = self.store.get(run_id)
         if record["status"] in IN_FLIGHT:
             raise RunBusy(run_id, record.get("current_turn"))
-        if record["status"] in ("ended", "failed"):
+        if record["status"] in FINISHED:
             raise RunEnded(run_id, record["status"])
         return self.workspace.ask(run_id, record.get("queue"), "rewind", _no_data, turn=turn)
 
@@ -709,20 +731,21 @@ class HarnessClient:
         check_run_id(run_id)
         record = self.store.get(run_id)
         # A parked run's current turn is queued until its reset: it is withdrawn as any other.
-        cancellable = (*IN_FLIGHT, "parked")
-        if record["status"] not in cancellable or not record.get("current_turn"):
+        if record["status"] not in IN_FLIGHT or not record.get("current_turn"):
             return False
         turn = int(record["current_turn"])
         ttl = self.settings.retention_s + self.settings.run_lease_s
         self.redis.set(self.keys.cancel(run_id, turn), "1", ex=ttl)
-        # A turn still in the queue: claim it so no worker runs it, and end it here.
-        if self.redis.set(self.keys.turn_started(run_id, turn), "client-cancel", nx=True, ex=ttl):
-            ref = TurnRef(
-                self.redis, self.keys, self.store, self.settings, run_id, turn, record["harness"]
-            )
-            end_unclaimed_turn(
-                ref, session_error("the turn was cancelled before it started", "cancelled")
-            )
+        # A turn still in the queue ends here, and no worker can take it after; one a worker
+        # holds is stopped by that worker, which sees the cancel mark.
+        ref = TurnRef(
+            self.redis, self.keys, self.store, self.settings, run_id, turn, record["harness"]
+        )
+        end_unclaimed_turn(
+            ref,
+            session_error("the turn was cancelled before it started", "cancelled"),
+            caller="unclaimed",
+        )
         return True
 
     @_translate
@@ -746,7 +769,7 @@ class HarnessClient:
         record = self.store.get(run_id)
         if record["status"] == "ended":
             return record
-        if record["status"] in (*IN_FLIGHT, "parked"):
+        if record["status"] in IN_FLIGHT:
             self.cancel(run_id)
         queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
         self.app.send_task(TASK_END_RUN, args=[run_id], queue=queue)
@@ -780,6 +803,6 @@ class HarnessClient:
             f"end: no worker consuming {queue} confirmed the teardown within {timeout:g}s; "
             "the reaper removes the sandbox on its next pass"
         )
-        self.store.update(run_id, status="ended", last_error=note)
+        self.store.end_run(run_id, last_error=note)
         self.store.expire(run_id, self.settings.retention_s)
         return self.store.get(run_id)

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from adapters.events import session_error
+from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings
 from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
 from worker.errors import RunNotFound
@@ -21,7 +21,8 @@ from worker.observe import metrics
 from worker.spend import parking, slots
 from worker.store import credentials
 from worker.store.publisher import last_seq
-from worker.store.records import FINISHED, IN_FLIGHT, RunRecord
+from worker.store.records import RunRecord
+from worker.store.status import EXECUTING, FINISHED
 from worker.turn.execute import TurnDeps, close_lost_turn
 from worker.turn.life import TurnRef, end_unclaimed_turn
 
@@ -43,7 +44,7 @@ def end_run(deps: TurnDeps, run_id: str) -> bool:
         metrics.teardown_failed()
         log.warning("run.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
     credentials.revoke(deps.redis, deps.keys, run_id)
-    deps.store.update(run_id, status="ended")
+    deps.store.end_run(run_id)
     deps.store.expire(run_id, deps.settings.retention_s)
     deps.redis.srem(deps.keys.runs_index(), run_id)
     log.info("run.ended", extra={"run_id": run_id})
@@ -58,7 +59,7 @@ def _wait_for_turn_to_stop(deps: TurnDeps, run_id: str, record: RunRecord) -> No
     """The client cancelled the in-flight turn before asking for the end: let it publish its
     ``cancelled`` terminal before the sandbox goes, rather than fail as a sandbox error."""
     turn = record.current_turn or 0
-    if record.status not in IN_FLIGHT or not turn:
+    if record.status not in EXECUTING or not turn:
         return
     deadline = time.monotonic() + deps.settings.kill_grace_s + 10
     while time.monotonic() < deadline and deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
@@ -104,13 +105,13 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
                 sandbox.teardown(found.run_id)
                 report.sandboxes.append(found.run_id)
             continue
-        if status is None or status in FINISHED or (expired and status not in IN_FLIGHT):
+        if status is None or status in FINISHED or (expired and status not in EXECUTING):
             sandbox.teardown(found.run_id, keep_workspace=_keeps_workspace(record))
             credentials.revoke(deps.redis, deps.keys, found.run_id)
             report.sandboxes.append(found.run_id)
             metrics.reaped(sandbox.backend)
             if record and status not in FINISHED:
-                deps.store.update(found.run_id, status="ended", last_error="lease expired")
+                deps.store.end_run(found.run_id, last_error="lease expired")
             log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
     reap_gateway = getattr(sandbox, "reap_gateway", None)
     if reap_gateway is not None:
@@ -129,14 +130,14 @@ def close_lost_turns(deps: TurnDeps, report: ReapReport) -> None:
             report.forgotten.append(run_id)
             return
         turn = record.current_turn or 0
-        if record.status not in IN_FLIGHT or turn < 1:
+        if record.status not in EXECUTING or turn < 1:
             return
         if not deps.redis.exists(deps.keys.turn_started(run_id, turn)):
             return  # still queued: not lost
         if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
             return  # its worker is alive
         _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
-        if last_type in ("turn-complete", "session-error"):
+        if last_type in TERMINAL_TYPES:
             return
         close_lost_turn(deps, run_id, turn, record.harness)
         report.lost_turns.append(f"{run_id}/{turn}")
@@ -240,16 +241,14 @@ def fail_stranded_turn(deps: TurnDeps, run_id: str, turn: int, harness: str, que
     """End a turn that waited HARNESS_HOST_WAIT_S for a worker on its run's host. The run
     stays usable and keeps its sandbox. False if a worker took the turn meanwhile."""
     settings, keys = deps.settings, deps.keys
-    ttl = settings.retention_s + settings.run_lease_s
-    if not deps.redis.set(keys.turn_started(run_id, turn), "host-away", nx=True, ex=ttl):
-        return False
     error = (
         f"no worker consumed {queue}, the host of this run's sandbox, for "
         f"{settings.host_wait_s:g}s (HARNESS_HOST_WAIT_S); the run and its workspace are "
         "kept there: submit the turn again once a worker runs on that host, or end the run"
     )
     ref = TurnRef(deps.redis, keys, deps.store, settings, run_id, turn, harness)
-    end_unclaimed_turn(ref, session_error(error, "sandbox"), run_status="idle")
+    if not end_unclaimed_turn(ref, session_error(error, "sandbox"), caller="unclaimed"):
+        return False
     deps.redis.delete(keys.turn_queued(run_id, turn))
     credentials.revoke(deps.redis, keys, run_id)
     metrics.turn_failed(harness, "sandbox")
@@ -263,7 +262,7 @@ def close_stranded_turns(deps: TurnDeps, report: ReapReport | None = None) -> No
 
     def step(run_id: str) -> None:
         record = deps.store.find(run_id)
-        if record is None or record.status not in IN_FLIGHT:
+        if record is None or record.status not in EXECUTING:
             return
         queue = record.queue or ""
         if not hosts.is_host_queue(queue, deps.keys) or hosts.alive(deps.redis, deps.keys, queue):
@@ -346,7 +345,7 @@ def resend_unclaimed_turns(
 
     def step(run_id: str) -> None:
         record = deps.store.find(run_id)
-        if record is None or record.status not in IN_FLIGHT:
+        if record is None or record.status not in EXECUTING:
             return
         turn = record.current_turn or 0
         if turn < 1 or deps.redis.exists(deps.keys.turn_started(run_id, turn)):

@@ -43,13 +43,14 @@ from adapters.events import (
     PermissionRequest,
     SessionError,
 )
-from adapters.protocol import AdapterState
+from adapters.protocol import Adapter, AdapterState
 from config import Settings
 from sandbox.base import Process
 from worker.errors import AnswerRefused, InvalidInput, RequestNotFound
 from worker.options.spec import RunOptions
 from worker.permissions import rules as permission_rules
 from worker.store.keys import Keys, SyncRedis
+from worker.store.lua import scripts
 from worker.store.publisher import Masker
 
 if TYPE_CHECKING:
@@ -62,23 +63,6 @@ BY = re.compile(r"^[^\x00-\x1f]{1,200}$")
 MESSAGE_LIMIT = 4000
 _SECRET_NAMES = re.compile(r"(?i)(token|secret|passw(or)?d|api[_-]?key|authorization|cookie)")
 _SECRET_VALUE = "***"
-
-# KEYS[1] the requests hash, KEYS[2] the answers hash; ARGV[1] the request id, ARGV[2] the
-# answer (JSON), ARGV[3] now (unix time), ARGV[4] "1" when the worker closes the request
-# (its deadline does not apply). Returns {status, detail}: ok, unknown, answered (detail:
-# the answer that won), expired (detail: the request).
-_ANSWER_LUA = """
-local request = redis.call('HGET', KEYS[1], ARGV[1])
-if not request then return {'unknown', ''} end
-local prior = redis.call('HGET', KEYS[2], ARGV[1])
-if prior then return {'answered', prior} end
-if ARGV[4] ~= '1' then
-  local deadline = tonumber(cjson.decode(request)['deadline'])
-  if deadline and tonumber(ARGV[3]) > deadline then return {'expired', request} end
-end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-return {'ok', ''}
-"""
 
 
 def who() -> str:
@@ -121,8 +105,15 @@ def gate_for(
     )
 
 
-def _script(client: SyncRedis) -> Any:
-    return client.register_script(_ANSWER_LUA)
+def _answer(
+    client: SyncRedis, keys: Keys, run_id: str, request_id: str, answer: str, *, closing: bool
+) -> tuple[str, str]:
+    """``answer_permission.lua``: first answer wins; a worker closing a request ignores its
+    deadline."""
+    return scripts(client).answer_permission(
+        keys.permissions(run_id), keys.permission_answers(run_id), request_id, answer,
+        time.time(), closing,
+    )  # fmt: skip
 
 
 def _answer_json(allow: bool, always: bool, by: str, message: str | None, at: float) -> str:
@@ -163,10 +154,7 @@ def answer(
         raise InvalidInput(f"the message is over {MESSAGE_LIMIT} characters")
     now = time.time()
     text = _answer_json(allow, always, by, message, now)
-    status, detail = _script(client)(
-        keys=[keys.permissions(run_id), keys.permission_answers(run_id)],
-        args=[request_id, text, now, "0"],
-    )
+    status, detail = _answer(client, keys, run_id, request_id, text, closing=False)
     if status == "unknown":
         raise RequestNotFound(f"unknown permission request {request_id!r} in run {run_id}")
     if status == "answered":
@@ -195,20 +183,12 @@ def pending(client: SyncRedis, keys: Keys, run_id: str) -> list[dict[str, Any]]:
 
 def close_turn(client: SyncRedis, keys: Keys, run_id: str, turn: int, by: str) -> int:
     """Deny what a turn left pending (its worker was lost); returns how many."""
-    script = _script(client)
     closed = 0
     for request in pending(client, keys, run_id):
         if request.get("turn") != turn:
             continue
-        status, _ = script(
-            keys=[keys.permissions(run_id), keys.permission_answers(run_id)],
-            args=[
-                request["request_id"],
-                _answer_json(False, False, by, None, time.time()),
-                time.time(),
-                "1",
-            ],
-        )
+        answer = _answer_json(False, False, by, None, time.time())
+        status, _ = _answer(client, keys, run_id, request["request_id"], answer, closing=True)
         closed += status == "ok"
     return closed
 
@@ -285,10 +265,9 @@ class Gate:
         self.timeout_s = timeout_s
         self.masker = masker
         self.clock = clock
-        self._script = _script(client)
         self._count = 0
         self._waiting: dict[str, _Waiting] = {}
-        self._adapter: Any = None
+        self._adapter: Adapter[AdapterState] | None = None
         self._state: AdapterState | None = None
         self._process: Process | None = None
 
@@ -296,7 +275,7 @@ class Gate:
     def waiting(self) -> bool:
         return bool(self._waiting)
 
-    def attach(self, adapter: Any, state: AdapterState, process: Process) -> None:
+    def attach(self, adapter: Adapter[AdapterState], state: AdapterState, process: Process) -> None:
         self._adapter, self._state, self._process = adapter, state, process
         self._waiting.clear()
 
@@ -423,8 +402,8 @@ class Gate:
         """The worker answers: deny (unless a person's answer got in first)."""
         text = _answer_json(False, False, by, None, self.clock())
         try:
-            status, detail = self._script(
-                keys=self._keys(), args=[request_id, text, self.clock(), "1"]
+            status, detail = _answer(
+                self.client, self.keys, self.run_id, request_id, text, closing=True
             )
         except (redis.ConnectionError, redis.TimeoutError):
             status, detail = "ok", ""  # denied here all the same; nothing waits on Redis
@@ -432,9 +411,6 @@ class Gate:
         if abort and won.get("decision") == "allow":
             won = json.loads(text)  # the turn is ending: nothing more runs
         return self._apply(request_id, won, abort=abort)
-
-    def _keys(self) -> list[str]:
-        return [self.keys.permissions(self.run_id), self.keys.permission_answers(self.run_id)]
 
     def _apply(
         self, request_id: str, answer: dict[str, Any], *, abort: bool = False
@@ -479,7 +455,7 @@ class Gate:
 
     def _answer(self, ask: Ask, decision: Decision) -> bool:
         """Hand the decision to the adapter and write its reply; False if it cannot be."""
-        assert self._state is not None
+        assert self._state is not None and self._adapter is not None
         if decision.message is None and not decision.allow:
             decision = Decision(False, False, DENIED_MESSAGE, decision.abort)
         self._adapter.answer(self._state, ask, decision)

@@ -23,7 +23,9 @@ class Script(Protocol):
 class SyncPipeline(Protocol):
     """The commands we queue on a pipeline; :meth:`execute` returns their replies in order."""
 
-    def set(self, name: str, value: Value, ex: int | None = None) -> SyncPipeline: ...
+    def set(
+        self, name: str, value: Value, ex: int | None = None, xx: bool = False
+    ) -> SyncPipeline: ...
 
     def hset(
         self,

@@ -2,9 +2,12 @@
 
 Entry ids are ``{turn}-{seq}``. Events are sent in batches, one round trip per chunk of
 harness output: a few as pipelined XADDs, more as one script call per 1,000 (worker/store/lua.py's
-XADD_BATCH). While Redis is unreachable they wait in memory and are sent, in order, once it
-is back. A retried batch is harmless: Redis refuses an id it
-already has, and that refusal counts as delivered.
+xadd_batch.lua). While Redis is unreachable they wait in memory and are sent, in order, once
+it is back. A retried batch is harmless: Redis refuses an id it already has, and that refusal
+counts as delivered only when the stored entry is exactly the one sent. Any other refusal
+means the turn's stream went on without this writer (another ended the turn): what is left
+is dropped, counted in :attr:`RedisStreamPublisher.dropped` and logged, never published
+after that turn's terminal.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class RedisStreamPublisher:
         self._retry_interval = retry_interval_s
         self._next_try = 0.0
         self.published = 0
+        self.dropped = 0
         self.retries = 0
 
     @property
@@ -120,19 +124,24 @@ class RedisStreamPublisher:
         if not force and now < self._next_try:
             return False
         batch = list(self._pending)
-        delivered = 0
+        delivered = dropped = 0
         try:
             if len(batch) < SCRIPT_MIN:
-                delivered = self._xadd_pipelined(batch)
+                delivered, dropped = self._xadd_pipelined(batch)
             else:
-                # One script call per chunk of the batch (worker/store/lua.py, XADD_BATCH): redis-py
-                # packed and parsed one XADD per event, most of our cost per event. The chunk
-                # bounds how long Redis is busy with one call (~3 ms).
+                # One script call per chunk of the batch (xadd_batch.lua): redis-py packed and
+                # parsed one XADD per event, most of our cost per event. The chunk bounds how
+                # long Redis is busy with one call (~3 ms).
                 for at in range(0, len(batch), SCRIPT_BATCH):
                     chunk = batch[at : at + SCRIPT_BATCH]
-                    delivered += self._scripts.xadd_batch(self._key, self._maxlen, chunk)
+                    handled, dropped = self._scripts.xadd_batch(self._key, self._maxlen, chunk)
+                    delivered += handled
+                    if dropped:
+                        delivered = len(batch)
+                        dropped += len(batch) - at - len(chunk)
+                        break
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._done(batch, delivered)
+            self._done(batch, delivered, dropped)
             self.retries += 1
             metrics.publish_retried()
             self._next_try = now + self._retry_interval
@@ -142,7 +151,7 @@ class RedisStreamPublisher:
                     extra={"stream": self._key, "pending": len(self._pending), "error": str(exc)},
                 )
             return False
-        self._done(batch, delivered)
+        self._done(batch, delivered, dropped)
         if delivered < len(batch):  # the connection dropped after some of a pipeline
             self.retries += 1
             metrics.publish_retried()
@@ -150,9 +159,10 @@ class RedisStreamPublisher:
             return False
         return True
 
-    def _xadd_pipelined(self, batch: list[tuple[str, str, str, str]]) -> int:
+    def _xadd_pipelined(self, batch: list[tuple[str, str, str, str]]) -> tuple[int, int]:
         """A few events: one XADD each in one pipeline (a script call costs Redis more than
-        a few XADDs). Returns how many of the batch the stream now holds, in order."""
+        a few XADDs). Returns how many of the batch were handled, in order, and how many of
+        those were dropped (as ``xadd_batch.lua`` does)."""
         pipe = self._redis.pipeline(transaction=False)
         # XADD key MAXLEN ~ n id type T data D ts S: the command pipe.xadd() builds, without
         # its per-call argument checks.
@@ -162,19 +172,38 @@ class RedisStreamPublisher:
                 "XADD", key, "MAXLEN", "~", maxlen, entry_id, "type", kind, "data", data, "ts", ts
             )
         delivered = 0
-        for result in pipe.execute(raise_on_error=False):
+        for entry, result in zip(batch, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(result, redis.ConnectionError | redis.TimeoutError):
                 break
-            if isinstance(result, Exception) and _DUPLICATE_ID not in str(result):
-                raise result
+            if isinstance(result, Exception):
+                if _DUPLICATE_ID not in str(result):
+                    raise result
+                if not self._stored_as_sent(entry):
+                    return len(batch), len(batch) - delivered
             delivered += 1
-        return delivered
+        return delivered, 0
 
-    def _done(self, batch: list[tuple[str, str, str, str]], delivered: int) -> None:
-        for _ in range(delivered):
+    def _stored_as_sent(self, entry: tuple[str, str, str, str]) -> bool:
+        """Whether the stream holds exactly this entry (an earlier try stored it)."""
+        entry_id, kind, data, _ = entry
+        found = self._redis.xrange(self._key, min=entry_id, max=entry_id)
+        if len(found) != 1:
+            return False
+        fields = found[0][1]
+        return bool(fields.get("type") == kind and fields.get("data") == data)
+
+    def _done(self, batch: list[tuple[str, str, str, str]], handled: int, dropped: int) -> None:
+        for _ in range(handled):
             self._pending.popleft()
-        self.published += delivered
-        metrics.events_published(kind for _, kind, _, _ in batch[:delivered])
+        stored = handled - dropped
+        self.published += stored
+        metrics.events_published(kind for _, kind, _, _ in batch[:stored])
+        if dropped:
+            self.dropped += dropped
+            log.warning(
+                "stream.superseded",
+                extra={"stream": self._key, "turn": self.turn, "dropped": dropped},
+            )
 
     def drain(self, timeout_s: float) -> bool:
         """Keep trying until everything pending is sent or ``timeout_s`` passes."""

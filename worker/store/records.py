@@ -22,8 +22,7 @@ from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.options.spec import RunOptions
 from worker.store import listing, lua
 from worker.store.keys import Keys, RedisClient
-
-RunStatus = Literal["starting", "running", "idle", "parked", "ended", "failed"]
+from worker.store.status import FINISH_MOVES, RunStatus
 
 CONTRACT_FIELDS = (
     "run_id",
@@ -44,9 +43,6 @@ CONTRACT_FIELDS = (
     "updated_at",
     "last_error",
 )
-
-IN_FLIGHT: tuple[RunStatus, ...] = ("starting", "running")
-FINISHED: tuple[RunStatus, ...] = ("ended", "failed")
 
 
 class RunRecord(BaseModel):
@@ -136,9 +132,9 @@ class RunRecord(BaseModel):
 
 class RecordChanges(TypedDict, total=False):
     """What a write to a record may change, typed as in :class:`RunRecord` (a test keeps the
-    two in step); None makes a field unknown again."""
+    two in step); None makes a field unknown again. Not ``status``: it moves only by the
+    transitions of :mod:`worker.store.status`."""
 
-    status: RunStatus
     session_id: str | None
     resumed: bool | None
     model_reported: str | None
@@ -340,31 +336,64 @@ class RunStore:
         self._scripts.mark_running(self.keys.run(run_id), time.time())
 
     def update(self, run_id: str, **changes: Unpack[RecordChanges]) -> None:
-        """Change some fields (and ``updated_at``)."""
+        """Change some fields (and ``updated_at``); never ``status``, which moves only by
+        :mod:`worker.store.status`'s transitions."""
+        if "status" in changes:
+            raise ValueError("a run's status moves only by its transitions (worker.store.status)")
         encoded = encode({**changes, "updated_at": time.time()})
         self.redis.hset(self.keys.run(run_id), mapping=encoded)
 
-    def finish_turn(
+    def unbegin_turn(self, run_id: str, turn: int) -> bool:
+        """Give back the number of a turn the broker never took (``unbegin_turn.lua``)."""
+        return self._scripts.unbegin_turn(
+            self.keys.run(run_id),
+            self.keys.turn_started(run_id, turn),
+            self.keys.turn_queued(run_id, turn),
+            turn,
+            time.time(),
+        )
+
+    def end_run(self, run_id: str, **changes: Unpack[RecordChanges]) -> str:
+        """Move the run to ``ended`` (with ``changes``). Returns the status it left, or ''
+        when it had already ended or is gone."""
+        return self._scripts.end_run(self.keys.run(run_id), time.time(), encode(changes))
+
+    def end_turn(
         self,
         run_id: str,
         turn: int,
         *,
+        caller: str,
         status: RunStatus,
+        header: str,
+        terminal: tuple[str, str],
         usage: tuple[int, int, int, float | None],
-        changes: RecordChanges | None = None,
-    ) -> bool:
-        """Write the turn's ``changes``, add its usage to the run totals and set the run idle
-        (or failed) if the turn is still its current one. False when it is not (or the
-        record is gone)."""
+        changes: RecordChanges,
+        maxlen: int,
+        mark_ttl_s: int,
+    ) -> tuple[bool, str]:
+        """The turn's terminal event and its record, written together once (``end_turn.lua``):
+        (True, the terminal's entry id), or (False, why not: ``ended``, ``owned``,
+        ``not-owner``)."""
         input_tokens, output_tokens, cached, cost = usage
-        return self._scripts.finish_turn(
-            self.keys.run(run_id),
+        return self._scripts.end_turn(
+            (
+                self.keys.run(run_id),
+                self.keys.events(run_id),
+                self.keys.turn_started(run_id, turn),
+                self.keys.turn_owner(run_id, turn),
+            ),
             turn,
-            status,
-            time.time(),
-            (input_tokens, output_tokens, cached),
-            cost,
-            encode(changes or {}),
+            caller,
+            FINISH_MOVES[status],
+            now=time.time(),
+            maxlen=maxlen,
+            mark_ttl_s=mark_ttl_s,
+            header=header,
+            terminal=terminal,
+            tokens=(input_tokens, output_tokens, cached),
+            cost=cost,
+            fields=encode(changes),
         )
 
     def queued_since(self, run_id: str, turn: int) -> float | None:

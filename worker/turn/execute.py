@@ -19,6 +19,7 @@ from typing import Any
 
 import adapters
 from adapters.events import (
+    TERMINAL_TYPES,
     Event,
     SandboxActivity,
     SessionError,
@@ -27,7 +28,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import TurnRequest
+from adapters.protocol import Adapter, AdapterState, TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
 from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
@@ -46,7 +47,8 @@ from worker.spend import budgets, parking, slots
 from worker.store import credentials
 from worker.store.credentials import CREDENTIAL_ENV
 from worker.store.publisher import Masker, RedisStreamPublisher, last_seq
-from worker.store.records import RecordChanges, RunRecord, RunStatus
+from worker.store.records import RecordChanges, RunRecord
+from worker.store.status import RunStatus
 from worker.turn import attempt
 from worker.turn.deps import Shutdown, TurnDeps
 from worker.turn.life import TurnLife, TurnRef, end_unclaimed_turn
@@ -368,7 +370,7 @@ def _explain_kill(terminal: Event, sandbox: Sandbox, run_id: str) -> Event:
 
 
 def _attempt(
-    adapter: Any,
+    adapter: Adapter[AdapterState],
     request: TurnRequest,
     sandbox: Sandbox,
     placement: Placement,
@@ -510,7 +512,7 @@ def _close(
 def _redelivered(deps: TurnDeps, run_id: str, turn: int, options: RunOptions) -> str:
     """A turn some worker already took: finished, in flight, or orphaned by a dead worker."""
     _, last_type = last_seq(deps.redis, deps.keys, run_id, turn)
-    if last_type in ("turn-complete", "session-error"):
+    if last_type in TERMINAL_TYPES:
         log.info("turn.duplicate_ignored", extra={"run_id": run_id, "turn": turn})
         return "duplicate"
     if deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
@@ -534,7 +536,9 @@ def close_lost_turn(
     credentials.revoke(deps.redis, deps.keys, run_id)
     permissions.close_turn(deps.redis, deps.keys, run_id, turn, "worker:worker-lost")
     ref = TurnRef(deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness)
-    if end_unclaimed_turn(ref, session_error(error, "worker-lost"), patience_s=600.0):
+    if end_unclaimed_turn(
+        ref, session_error(error, "worker-lost"), caller="lost", patience_s=600.0
+    ):
         metrics.turn_failed(harness, "worker-lost")
         log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
     return "worker-lost"

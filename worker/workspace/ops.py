@@ -20,7 +20,7 @@ from sandbox.base import SandboxError
 from sandbox.store.snapshots import SnapshotError
 from worker.errors import RunNotFound
 from worker.options.spec import RUN_ID
-from worker.store.records import IN_FLIGHT
+from worker.store.status import FINISHED, IN_FLIGHT
 from worker.store.transfer import BinaryRedis, ReaderGone, ReplyWriter
 from worker.turn.deps import TurnDeps
 from worker.workspace.steps import RunWorkspace, change_event, encode_rewind, run_workspace
@@ -30,13 +30,20 @@ log = logging.getLogger(__name__)
 LOCK_TTL_S = 600
 
 
-class WorkspaceRequest(BaseModel):
+class ReplyAddress(BaseModel):
+    """Where a request's reply goes: enough of it to answer one that is otherwise invalid."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str = Field(pattern=RUN_ID.pattern)
+    request_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
+
+
+class WorkspaceRequest(ReplyAddress):
     """The task's one argument."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    run_id: str = Field(pattern=RUN_ID.pattern)
-    request_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
     op: str = Field(pattern=r"^(diff|export|rewind)$")
     turn: int | None = Field(None, ge=0)
     from_turn: int | None = Field(None, ge=0)
@@ -47,8 +54,7 @@ def serve(deps: TurnDeps, raw: dict[str, Any], binary: BinaryRedis) -> str:
     try:
         request = WorkspaceRequest.model_validate(raw)
     except ValidationError as exc:
-        log.warning("workspace.bad_request", extra={"error": str(exc)})
-        return "bad-request"
+        return _refuse_invalid(deps, raw, exc, binary)
     writer = ReplyWriter(binary, deps.keys.reply(request.run_id, request.request_id))
     try:
         return _serve(deps, request, writer)
@@ -65,6 +71,26 @@ def serve(deps: TurnDeps, raw: dict[str, Any], binary: BinaryRedis) -> str:
         log.exception("workspace.internal_error", extra={"run_id": request.run_id})
         writer.fail(f"internal error of the worker: {type(exc).__name__}: {exc}")
         return "failed:internal"
+
+
+def _refuse_invalid(
+    deps: TurnDeps, raw: object, exc: ValidationError, binary: BinaryRedis
+) -> str:
+    """Answer an invalid request with what is wrong with it (its reader would otherwise wait
+    out its whole timeout). Only a request without a valid reply address goes unanswered:
+    no reader can be waiting on a key that it does not name."""
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'request'}: {error['msg']}"
+        for error in exc.errors()
+    )
+    log.warning("workspace.bad_request", extra={"error": problems})
+    try:
+        address = ReplyAddress.model_validate(raw)
+    except ValidationError:
+        return "bad-request"
+    writer = ReplyWriter(binary, deps.keys.reply(address.run_id, address.request_id))
+    writer.fail(f"invalid request: {problems}")
+    return "refused:bad-request"
 
 
 def _serve(deps: TurnDeps, request: WorkspaceRequest, writer: ReplyWriter) -> str:
@@ -119,7 +145,7 @@ def _rewind(
 ) -> str:
     run_id = request.run_id
     lock = deps.keys.workspace_lock(run_id)
-    if status in IN_FLIGHT or status in ("ended", "failed"):
+    if status in IN_FLIGHT or status in FINISHED:
         writer.fail(f"run {run_id} is {status}: a rewind needs an idle run")
         return "refused:rewind"
     if not deps.redis.set(lock, request.request_id, nx=True, ex=LOCK_TTL_S):

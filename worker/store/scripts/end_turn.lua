@@ -1,0 +1,69 @@
+-- End a turn, once: its terminal event and its record are written together, by a caller that
+-- may end it. The one writer of every terminal (worker/turn/life.py, end_turn).
+--
+-- Who may end a turn (ARGV[2]):
+--   'owner:' .. token: the worker that claimed it (the started mark holds that token);
+--   'unclaimed': anyone, while no worker took the turn (no started mark): a mark saying so
+--     is set, and no later claim can take it;
+--   'lost': anyone, when a worker took it and its heartbeat is gone;
+--   'outsider': anyone, in either case.
+-- The turn must have no terminal yet. Its entries continue the turn's stream: a turn with no
+-- entry gets its turn-started first (ARGV[8]).
+--
+-- KEYS: run record, run stream, started mark, owner heartbeat.
+-- ARGV: turn, caller, move (finish-idle, finish-failed, finish-parked), now, stream MAXLEN,
+--   mark TTL, ts, turn-started data, terminal type, terminal data, input tokens, output
+--   tokens, cached input tokens, cost ('' when unpriced), then record field, value pairs.
+-- Returns {1, terminal id}, or {0, why}: 'ended' (it has its terminal), 'owned' (a live
+-- worker holds it), 'not-owner' (the caller's claim is not the turn's), 'claimed' (an
+-- 'unclaimed' caller found a worker's claim), 'queued' (a 'lost' caller found no claim).
+local turn = ARGV[1]
+local last = redis.call('XREVRANGE', KEYS[2], turn .. '-18446744073709551615', turn .. '-0',
+  'COUNT', 1)
+local next_seq = 0
+if #last > 0 then
+  local fields = last[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'type' and TERMINAL[fields[i + 1]] then return {0, 'ended'} end
+  end
+  next_seq = tonumber(string.match(last[1][1], '-(%d+)$')) + 1
+end
+local mark = redis.call('GET', KEYS[3])
+local caller = ARGV[2]
+if string.sub(caller, 1, 6) == 'owner:' then
+  if mark ~= string.sub(caller, 7) then return {0, 'not-owner'} end
+elseif not mark then
+  if caller == 'lost' then return {0, 'queued'} end
+  redis.call('SET', KEYS[3], 'ended-unclaimed', 'EX', ARGV[6])
+elseif caller == 'unclaimed' then
+  return {0, 'claimed'}
+elseif redis.call('EXISTS', KEYS[4]) == 1 then
+  return {0, 'owned'}
+end
+if next_seq == 0 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], turn .. '-0',
+    'type', 'turn-started', 'data', ARGV[8], 'ts', ARGV[7])
+  next_seq = 1
+end
+local id = turn .. '-' .. next_seq
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], id,
+  'type', ARGV[9], 'data', ARGV[10], 'ts', ARGV[7])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if #ARGV > 14 then redis.call('HSET', KEYS[1], unpack(ARGV, 15)) end
+  redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[11])
+  redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[12])
+  redis.call('HINCRBY', KEYS[1], 'cached_input_tokens', ARGV[13])
+  if ARGV[14] ~= '' then
+    local cost = redis.call('HGET', KEYS[1], 'cost_usd')
+    if not cost or cost == '' then
+      redis.call('HSET', KEYS[1], 'cost_usd', ARGV[14])
+    else
+      redis.call('HINCRBYFLOAT', KEYS[1], 'cost_usd', ARGV[14])
+    end
+  end
+  if redis.call('HGET', KEYS[1], 'current_turn') == turn then
+    move(KEYS[1], ARGV[3], ARGV[4])
+  end
+  redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
+end
+return {1, id}
