@@ -13,6 +13,7 @@ import base64
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ class GitServer:
     port: int = 0
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     """(method, path, Authorization header) of every request."""
+    delay_s: float = 0.0
+    """How long the server sits on a clone's or push's first request (``info/refs``) before
+    answering it: a slow clone."""
 
     @property
     def base_url(self) -> str:
@@ -93,6 +97,8 @@ def _handler(server: GitServer) -> type[BaseHTTPRequestHandler]:
             self._relay()
 
         def _relay(self) -> None:
+            if server.delay_s and self.path.partition("?")[0].endswith("/info/refs"):
+                time.sleep(server.delay_s)
             auth = self.headers.get("Authorization")
             path, _, query = self.path.partition("?")
             server.requests.append((self.command, path, auth))
