@@ -17,8 +17,25 @@ every path; ``kill`` stops the harness process *and its children inside the sand
 SIGTERM first and SIGKILL after ``grace`` seconds. Nothing here has a timeout of its own:
 ``read(timeout)`` only bounds one wait, and turn and idle timeouts belong to the worker.
 
-Exceptions that escape the boundary are the :class:`SandboxError` tree below; every foreign
-error (Docker SDK, OS) is translated at the seam.
+Exceptions that escape the boundary are the :class:`SandboxError` tree below, the whole of
+it (the backends' and the workspace store's, :mod:`sandbox.store`); every foreign error
+(Docker SDK, OS, git) is translated at the seam::
+
+    SandboxError                 a sandbox could not do what was asked (a bad name, no image)
+    ├── SandboxUnavailable       the backend is unreachable (the Docker daemon is down)
+    ├── ImageMissing             the run's image is not on this host
+    ├── SandboxGone              the run's sandbox disappeared (removed, OOM-killed)
+    ├── StartFailed              the harness process could not be started
+    ├── GitError                 a git process of the store failed or timed out
+    ├── UnsafePath               a workspace path could not be written without following a link
+    ├── SeedError                a workspace could not be seeded
+    │   └── ArchiveRefused       an archive broke a rule (invalid input)
+    └── SnapshotError            a snapshot operation failed
+        ├── ExportTooLarge       an export would pass its ceiling
+        └── UnknownSnapshot      no snapshot of that turn
+
+Optional abilities of a backend are protocols of their own (:class:`WarmPool`,
+:class:`Egress`), checked with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -59,6 +76,40 @@ class SandboxGone(SandboxError):
 
 class StartFailed(SandboxError):
     """The harness process could not be started (missing binary, bad working directory)."""
+
+
+# The workspace store's errors (:mod:`sandbox.store`): seeding, snapshots, git, safe files.
+
+
+class GitError(SandboxError):
+    """A git process failed or timed out; the message carries its (redacted) stderr tail."""
+
+
+class UnsafePath(SandboxError):
+    """A path could not be written or removed without following a link (or at all)."""
+
+
+class SeedError(SandboxError):
+    """A workspace could not be seeded. The message is safe to show a producer: it never holds
+    a credential."""
+
+
+class ArchiveRefused(SeedError):
+    """An archive was refused (the caller maps this to ``invalid-input``); the message names the
+    member and the rule it broke. Nothing was written outside the workspace, and what was
+    written inside it has been removed."""
+
+
+class SnapshotError(SandboxError):
+    """A snapshot operation failed; the store is unchanged unless the message says otherwise."""
+
+
+class ExportTooLarge(SnapshotError):
+    """An export would pass the ceiling it was given (named in the message)."""
+
+
+class UnknownSnapshot(SnapshotError):
+    """No snapshot of that turn in this run's store."""
 
 
 @dataclass(frozen=True)
@@ -156,16 +207,33 @@ class Sandbox(Protocol):
     root: Path
     """Where the backend keeps workspaces, leases and snapshots on this host."""
 
-    def prepare(self, spec: RunSpec) -> Placement: ...
+    def prepare(self, spec: RunSpec) -> Placement:
+        """Create the run's sandbox, or find the existing one (idempotent), with its
+        workspace; returns where its turns run.
 
-    def start(
-        self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]
-    ) -> Process: ...
+        Raises :class:`SandboxUnavailable` (the backend is unreachable), :class:`ImageMissing`
+        (the run's image is not on this host), :class:`StartFailed` (a new sandbox came up
+        unusable) or :class:`SandboxError` (a run id or workspace key that is no safe name,
+        no image for a backend that needs one, a workspace or egress gateway that could not
+        be made)."""
+
+    def start(self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]) -> Process:
+        """Write ``spec.files``, then start one process; the caller owns it (``kill``).
+
+        Raises :class:`StartFailed` (an empty argv, a missing binary or working directory, a
+        file outside the workspace, an invalid environment name), :class:`SandboxGone` (the
+        run's sandbox is gone or stopped and could not be brought back),
+        :class:`SandboxUnavailable` (the backend is unreachable) or :class:`SandboxError`
+        (the backend refused the start)."""
 
     def renew(self, run_id: str, lease_until: float) -> None:
         """Extend the run's lease so the reaper leaves it alone."""
 
-    def teardown(self, run_id: str, *, keep_workspace: bool = False) -> None: ...
+    def teardown(self, run_id: str, *, keep_workspace: bool = False) -> None:
+        """Kill what still runs, remove the sandbox and, unless ``keep_workspace``, the
+        workspace. Idempotent. Never raises: it runs in ``finally`` blocks on every exit
+        path, so what fails is logged (``sandbox.teardown_failed``) and left to the
+        reaper."""
 
     def managed(self) -> list[ManagedSandbox]:
         """Every sandbox this backend created on this host, for the reaper."""
@@ -191,3 +259,47 @@ class WarmPool(Protocol):
 
     def image_exists(self, image: str) -> bool:
         """Whether ``image`` is on this host, so a pool of it can be warmed at all."""
+
+
+@dataclass(frozen=True)
+class Denial:
+    """One refused connection attempt of a client of the egress gateway."""
+
+    client: str
+    host: str
+    port: int | None
+    protocol: str
+    """``http`` (refused by the proxy), ``tcp``, ``udp``, ``icmp``... (rejected packets)."""
+    rule: str
+    """Why: ``not-allowed``, ``private-address``, ``admin`` (the proxy), ``direct`` (a
+    connection that did not go through the proxy), ``dns-lookup`` (a name looked up: the
+    gateway's resolver answers none)."""
+    at: float | None = None
+
+    def describe(self) -> str:
+        target = f"{self.host}:{self.port}" if self.port is not None else self.host
+        if self.protocol == "dns":
+            return f"denied dns lookup of {self.host} ({self.rule})"
+        how = "through the proxy" if self.protocol == "http" else f"direct {self.protocol}"
+        return f"denied {how} {target} ({self.rule})"
+
+
+@runtime_checkable
+class Egress(Protocol):
+    """A backend that can confine runs (network ``egress``) to an allowlist through an
+    egress gateway, and reports what it refused (optional).
+
+    Callers check for it with ``isinstance(sandbox, Egress)``; a backend without one has no
+    gateway to read or reap.
+    """
+
+    def network_denials(
+        self, run_id: str, since: float, until: float | None = None
+    ) -> list[Denial]:
+        """The connections of the run's sandbox the gateway refused between ``since`` and
+        ``until`` (unix times), oldest first; empty unless the run is on the egress network.
+        Raises the :class:`SandboxError` tree."""
+
+    def reap_gateway(self) -> str | None:
+        """The reaper's care of the gateway: replaced when unhealthy or stopped. What was
+        done, or None. Raises the :class:`SandboxError` tree."""

@@ -38,6 +38,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from sandbox.base import Denial
+
 GATEWAY_IMAGE = "harness-worker/gateway:1"
 LABEL_GATEWAY = "harness.egress_gateway"
 """On the gateway container: the scope it serves."""
@@ -84,7 +86,10 @@ class Endpoint:
 
     @classmethod
     def parse(cls, text: str) -> Endpoint:
-        """``host:port`` (``[v6]:port`` for an IPv6 literal); the port is required."""
+        """``host:port`` (``[v6]:port`` for an IPv6 literal); the port is required.
+
+        Raises ``ValueError`` for anything else: a malformed setting or option (the caller's
+        to report as such), not a sandbox fault, so not of the ``SandboxError`` tree."""
         value = text.strip()
         host, sep, port_text = value.rpartition(":")
         if not sep or not port_text.isdigit():
@@ -301,30 +306,6 @@ def render_hosts(config: EgressConfig) -> str:
 
 
 # -- denials, from the gateway's log -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Denial:
-    """One refused connection attempt of a client of the gateway."""
-
-    client: str
-    host: str
-    port: int | None
-    protocol: str
-    """``http`` (refused by the proxy), ``tcp``, ``udp``, ``icmp``... (rejected packets)."""
-    rule: str
-    """Why: ``not-allowed``, ``private-address``, ``admin`` (the proxy), ``direct`` (a
-    connection that did not go through the proxy), ``dns-lookup`` (a name looked up: the
-    gateway's resolver answers none)."""
-    at: float | None = None
-
-    def describe(self) -> str:
-        target = f"{self.host}:{self.port}" if self.port is not None else self.host
-        if self.protocol == "dns":
-            return f"denied dns lookup of {self.host} ({self.rule})"
-        how = "through the proxy" if self.protocol == "http" else f"direct {self.protocol}"
-        return f"denied {how} {target} ({self.rule})"
-
 
 _RULES = {
     "ERR_HARNESS_NOT_ALLOWED": "not-allowed",

@@ -16,14 +16,13 @@ from typing import Any
 import docker.errors
 import docker.types
 
-from sandbox.base import SandboxError
+from sandbox.base import Denial, SandboxError
 from sandbox.docker.egress import (
     BUILD_HINT,
     LABEL_BASE_URL,
     LABEL_CONFIG,
     LABEL_GATEWAY,
     LABEL_HARNESS,
-    Denial,
     EgressConfig,
     Endpoint,
     parse_denial,

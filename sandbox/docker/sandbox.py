@@ -45,6 +45,7 @@ import requests.exceptions
 from docker.client import DockerClient, from_env
 
 from sandbox.base import (
+    Denial,
     ExecSpec,
     ImageMissing,
     ManagedSandbox,
@@ -67,7 +68,7 @@ from sandbox.docker.container import (
     label_lease,
     parse_user,
 )
-from sandbox.docker.egress import Denial, EgressConfig
+from sandbox.docker.egress import EgressConfig
 from sandbox.docker.execs import GONE_HINT, DockerProcess, ExecTransport
 from sandbox.docker.gateway import Gateway
 from sandbox.docker.placements import KnownPlacements

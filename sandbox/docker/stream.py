@@ -77,7 +77,9 @@ def open_exec_stream(
     the stream bytes that arrived with the response headers.
 
     Raises :class:`ExecStreamError` when the daemon answers with an error status, and
-    ``OSError`` when it cannot be reached.
+    ``OSError`` when it cannot be reached: neither leaves the Docker backend, whose exec seam
+    (:mod:`sandbox.docker.execs`) translates both into the :class:`~sandbox.base.SandboxError`
+    tree.
     """
     body = b'{"Detach":false,"Tty":false}'
     request = (

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from sandbox.store.safe_fs import READ_FLAGS, SafeWriter, UnsafePath, list_names
-from sandbox.store.seed_errors import ArchiveRefused
+from sandbox.base import ArchiveRefused, UnsafePath
+from sandbox.store.safe_fs import READ_FLAGS, SafeWriter, list_names
 
 MiB = 1024 * 1024
 RATIO_FLOOR = MiB

@@ -16,7 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, NamedTuple
 
-from sandbox.store.git_run import GitError, popen_git, run_git
+from sandbox.base import GitError
+from sandbox.store.git_run import popen_git, run_git
 
 
 class TreeEntry(NamedTuple):

@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandbox.base import SandboxError
+from sandbox.base import GitError
 
 HARDENING: tuple[str, ...] = (
     "-c", "core.hooksPath=/dev/null",
@@ -49,10 +49,6 @@ NEUTRAL_ATTRIBUTES = (
     "* !diff !text !eol !filter !ident !export-ignore !export-subst !working-tree-encoding !merge\n"
 )
 """A store's ``info/attributes``: every attribute a tree could set is reset to unspecified."""
-
-
-class GitError(SandboxError):
-    """A git process failed or timed out; the message carries its (redacted) stderr tail."""
 
 
 def git_env(home: Path, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:

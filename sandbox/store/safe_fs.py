@@ -22,15 +22,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
-from sandbox.base import SandboxError
+from sandbox.base import UnsafePath
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class UnsafePath(SandboxError):
-    """A path could not be written or removed without following a link (or at all)."""
 
 
 def split(path: str) -> list[str]:

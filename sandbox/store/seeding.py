@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from sandbox.base import ArchiveRefused, GitError, SeedError, SnapshotError, UnsafePath
 from sandbox.store.archives import ArchiveLimits, extract_archive, list_names_of
 from sandbox.store.git_objects import BlobReader, ls_tree
-from sandbox.store.git_run import GitError, empty_home, redact, run_git
-from sandbox.store.safe_fs import SafeWriter, UnsafePath
+from sandbox.store.git_run import empty_home, redact, run_git
+from sandbox.store.safe_fs import SafeWriter
 from sandbox.store.scan import MODE_EXEC, MODE_FILE, MODE_LINK, Entry, blob_id, stamp
-from sandbox.store.seed_errors import ArchiveRefused, SeedError
-from sandbox.store.snapshots import SEED, SnapshotError, SnapshotStore, SnapshotSummary
+from sandbox.store.snapshots import SEED, SnapshotStore, SnapshotSummary
 
 __all__ = [
     "ArchiveLimits",

@@ -45,18 +45,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from sandbox.base import SandboxError
+from sandbox.base import ExportTooLarge, GitError, SnapshotError, UnknownSnapshot, UnsafePath
 from sandbox.store.export import write_tar_gz
 from sandbox.store.git_objects import BlobReader, FastImport, ls_tree
 from sandbox.store.git_run import (
     NEUTRAL_ATTRIBUTES,
-    GitError,
     empty_home,
     popen_git,
     redact,
     run_git,
 )
-from sandbox.store.safe_fs import SafeWriter, UnsafePath
+from sandbox.store.safe_fs import SafeWriter
 from sandbox.store.scan import (
     MODE_EXEC,
     MODE_LINK,
@@ -116,18 +115,6 @@ class SnapshotSummary:
     note: str = ""
     rewound_to: int | None = None
     """Set on a rewind's summary: the turn whose tree was restored."""
-
-
-class SnapshotError(SandboxError):
-    """A snapshot operation failed; the store is unchanged unless the message says otherwise."""
-
-
-class ExportTooLarge(SnapshotError):
-    """An export would pass the ceiling it was given (named in the message)."""
-
-
-class UnknownSnapshot(SnapshotError):
-    """No snapshot of that turn in this run's store."""
 
 
 class SnapshotStore:

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base import ExecSpec, Placement, RunSpec, SandboxError, StartFailed
+from sandbox.base import (
+    Egress,
+    ExecSpec,
+    Placement,
+    RunSpec,
+    SandboxError,
+    StartFailed,
+    WarmPool,
+)
+from sandbox.docker.sandbox import DockerSandbox
 from sandbox.local import LocalProcess, LocalSandbox
 from sandbox.workspace import safe_name
 
@@ -338,3 +347,14 @@ def test_secret_not_in_argv_or_files(
         if path.is_file():
             assert b"s3cr3t" not in path.read_bytes()
     assert os.environ.get("DEMO_TOKEN") != "s3cr3t"  # the worker's own environment untouched
+
+
+def test_optional_abilities_are_protocols_the_backends_declare(
+    sandbox: LocalSandbox, tmp_path: Path
+) -> None:
+    """The worker asks ``isinstance(sandbox, Egress)`` / ``WarmPool``, never ``getattr``: the
+    Docker backend has both (built without a daemon: it connects on first use), the local
+    one neither."""
+    docker = DockerSandbox(tmp_path / "docker")
+    assert isinstance(docker, Egress) and isinstance(docker, WarmPool)
+    assert not isinstance(sandbox, Egress) and not isinstance(sandbox, WarmPool)
