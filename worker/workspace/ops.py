@@ -73,9 +73,7 @@ def serve(deps: TurnDeps, raw: dict[str, Any], binary: BinaryRedis) -> str:
         return "failed:internal"
 
 
-def _refuse_invalid(
-    deps: TurnDeps, raw: object, exc: ValidationError, binary: BinaryRedis
-) -> str:
+def _refuse_invalid(deps: TurnDeps, raw: object, exc: ValidationError, binary: BinaryRedis) -> str:
     """Answer an invalid request with what is wrong with it (its reader would otherwise wait
     out its whole timeout). Only a request without a valid reply address goes unanswered:
     no reader can be waiting on a key that it does not name."""
