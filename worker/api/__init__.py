@@ -1,0 +1,1 @@
+"""The HTTP API (``harness api``): app, routes, streams, tenants, webhooks, run page."""
