@@ -134,6 +134,22 @@ class Limits:
     pids: int = 512
 
 
+# The labels of a run's sandbox (a container's labels; the local backend's meta file keeps
+# the worker's two), by which a reaper finds it, its run and its lease. Never secrets.
+LABEL_MANAGED = "harness.managed"
+"""``true`` on every sandbox a backend created for a run."""
+LABEL_RUN = "harness.run_id"
+LABEL_SCOPE = "harness.scope"
+"""The deployment that owns it (the backend's scope): a reaper lists only its own."""
+LABEL_WORKSPACE_KEY = "harness.workspace_key"
+"""A durable workspace's name (:attr:`RunSpec.workspace_key`), when the run has one."""
+LABEL_WORKER = "harness.worker"
+"""The worker that holds the run (set by the worker in :attr:`RunSpec.labels`)."""
+LABEL_LEASE = "harness.lease_until"
+"""Until when (unix time) the run is held, for the reaper (set by the worker in
+:attr:`RunSpec.labels`, renewed by :meth:`Sandbox.renew`)."""
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What the worker decided for one run's sandbox."""
@@ -147,7 +163,8 @@ class RunSpec:
     workspace_key: str | None = None
     """A durable workspace name shared across runs (for cross-run resume); None = run-scoped."""
     labels: Mapping[str, str] = field(default_factory=dict)
-    """Extra labels (worker, lease) for finding orphans; never secrets."""
+    """Extra labels (:data:`LABEL_WORKER`, :data:`LABEL_LEASE`) for finding orphans; never
+    secrets."""
 
 
 @dataclass(frozen=True)

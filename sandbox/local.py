@@ -19,6 +19,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from sandbox.base import (
+    LABEL_LEASE,
+    LABEL_WORKER,
     Chunk,
     ExecSpec,
     ManagedSandbox,
@@ -297,7 +299,7 @@ class LocalSandbox:
 
     def renew(self, run_id: str, lease_until: float) -> None:
         with self._lock:
-            self._update_meta(run_id, {"harness.lease_until": str(lease_until)})
+            self._update_meta(run_id, {LABEL_LEASE: str(lease_until)})
 
     def teardown(self, run_id: str, *, keep_workspace: bool = False) -> None:
         with self._lock:
@@ -330,13 +332,13 @@ class LocalSandbox:
                 meta = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            lease = meta.get("harness.lease_until")
+            lease = meta.get(LABEL_LEASE)
             found.append(
                 ManagedSandbox(
                     run_id=str(meta.get("run_id", path.stem)),
                     ident=str(path.with_suffix("")),
                     lease_until=float(lease) if lease else None,
-                    worker=meta.get("harness.worker"),
+                    worker=meta.get(LABEL_WORKER),
                 )
             )
         return found

@@ -34,6 +34,10 @@ import requests.exceptions
 from docker.types import Mount
 
 from sandbox.base import (
+    LABEL_MANAGED,
+    LABEL_RUN,
+    LABEL_SCOPE,
+    LABEL_WORKSPACE_KEY,
     ImageMissing,
     Placement,
     RunSpec,
@@ -51,11 +55,6 @@ log = logging.getLogger(__name__)
 WORKSPACE = "/workspace"
 HOME = "/workspace/.home"
 NAME_PREFIX = "harness-run-"
-LABEL_MANAGED = "harness.managed"
-LABEL_RUN = "harness.run_id"
-LABEL_LEASE = "harness.lease_until"
-LABEL_WORKER = "harness.worker"
-LABEL_SCOPE = "harness.scope"
 LABEL_HOME_SKELETON = "harness.home_skeleton"
 """An image label naming a directory whose contents fill a fresh HOME."""
 BUILD_HINT = "run scripts/build-images to build the harness images on this host"
@@ -94,7 +93,7 @@ def create_args(
         LABEL_SCOPE: scope,
     }
     if spec.workspace_key:
-        labels["harness.workspace_key"] = spec.workspace_key
+        labels[LABEL_WORKSPACE_KEY] = spec.workspace_key
     args = {
         "image": spec.image,
         "command": ["sleep", "infinity"],

@@ -45,6 +45,11 @@ import requests.exceptions
 from docker.client import DockerClient, from_env
 
 from sandbox.base import (
+    LABEL_LEASE,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    LABEL_SCOPE,
+    LABEL_WORKER,
     Denial,
     ExecSpec,
     ImageMissing,
@@ -58,11 +63,6 @@ from sandbox.base import (
 )
 from sandbox.docker.container import (
     BUILD_HINT,
-    LABEL_LEASE,
-    LABEL_MANAGED,
-    LABEL_RUN,
-    LABEL_SCOPE,
-    LABEL_WORKER,
     RunContainers,
     container_name,
     label_lease,

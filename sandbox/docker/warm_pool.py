@@ -24,12 +24,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from sandbox.base import Placement, RunSpec, SandboxError
-from sandbox.docker.container import (
+from sandbox.base import (
     LABEL_LEASE,
     LABEL_MANAGED,
     LABEL_RUN,
     LABEL_SCOPE,
+    Placement,
+    RunSpec,
+    SandboxError,
+)
+from sandbox.docker.container import (
     NAME_PREFIX,
     container_name,
     docker_placement,

@@ -30,7 +30,15 @@ from rich.text import Text
 import adapters
 from config import Settings, load_settings
 from config.harnesses import DEMO_IMAGE
-from sandbox.base import Limits, NetworkPolicy, RunSpec
+from sandbox.base import (
+    LABEL_LEASE,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    LABEL_SCOPE,
+    Limits,
+    NetworkPolicy,
+    RunSpec,
+)
 from sandbox.docker.container import hardened
 from worker.options.policy import memory_bytes
 
@@ -391,10 +399,10 @@ def _probe_args(
         "name": container_name,
         "entrypoint": [],
         "labels": {
-            "harness.managed": "true",
-            "harness.run_id": run_id,
-            "harness.scope": settings.key_prefix,
-            "harness.lease_until": f"{time.time() + 2 * NETWORK_PROBE_TIMEOUT_S:.0f}",
+            LABEL_MANAGED: "true",
+            LABEL_RUN: run_id,
+            LABEL_SCOPE: settings.key_prefix,
+            LABEL_LEASE: f"{time.time() + 2 * NETWORK_PROBE_TIMEOUT_S:.0f}",
             LABEL_DOCTOR_PROBE: "true",
         },
         **hardened(spec),

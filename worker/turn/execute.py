@@ -30,7 +30,17 @@ from adapters.events import (
 )
 from adapters.protocol import Adapter, AdapterState, TurnRequest
 from adapters.stream import StreamDriver
-from sandbox.base import ExecSpec, Limits, Placement, RunSpec, Sandbox, SandboxError
+from sandbox.base import (
+    LABEL_LEASE,
+    LABEL_WORKER,
+    Egress,
+    ExecSpec,
+    Limits,
+    Placement,
+    RunSpec,
+    Sandbox,
+    SandboxError,
+)
 from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
 from worker.errors import InvalidInput, RunNotFound
 from worker.observe import logs, metrics
@@ -185,8 +195,8 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
                 read_only_root=settings.read_only_root,
                 workspace_key=options.workspace,
                 labels={
-                    "harness.worker": deps.worker_id,
-                    "harness.lease_until": f"{lease_until:.0f}",
+                    LABEL_WORKER: deps.worker_id,
+                    LABEL_LEASE: f"{lease_until:.0f}",
                     **_egress_labels(resolved.network, options),
                 },
             )
@@ -328,11 +338,10 @@ def _publish_denials(
 ) -> None:
     """The connections the egress gateway refused during the turn's work, as ``network``
     activities before its terminal event (at most ``MAX_DENIAL_EVENTS``; all are counted)."""
-    read = getattr(sandbox, "network_denials", None)
-    if read is None:
+    if not isinstance(sandbox, Egress):
         return
     try:
-        denials = read(run_id, since, time.time())
+        denials = sandbox.network_denials(run_id, since, time.time())
     except SandboxError as exc:
         log.warning("egress.denials_unread", extra={"run_id": run_id, "error": str(exc)})
         return

@@ -16,8 +16,7 @@ from typing import Any, BinaryIO, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox.base import SandboxError
-from sandbox.store.snapshots import SnapshotError
+from sandbox.base import SandboxError, SnapshotError
 from worker.errors import RunNotFound
 from worker.options.spec import RUN_ID
 from worker.store.status import FINISHED, IN_FLIGHT
