@@ -1,0 +1,270 @@
+"""The HTTP API against a real uvicorn process, real Redis and a real worker (demo harness,
+local sandbox): runs, turns, events, permissions, the workspace, budgets, listing, tenants
+kept apart, and its errors."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.api_server import ApiProcess, api, api_env, api_worker  # noqa: F401
+from tests.integration.conftest import DEMO
+
+pytestmark = [pytest.mark.redis, pytest.mark.celery]
+
+RUN = {"harness": "stdio-json", "executable": DEMO}
+
+
+def start(http: httpx.Client, text: str, **options: Any) -> str:
+    response = http.post("/v1/runs", json={**RUN, "input": text, **options})
+    assert response.status_code == 201, response.text
+    assert response.json()["turn"] == 1
+    run_id: str = response.json()["run_id"]
+    return run_id
+
+
+def wait_terminal(http: httpx.Client, run_id: str, turn: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = http.get(f"/v1/runs/{run_id}/events").json()
+        for event in events:
+            if event["id"].startswith(f"{turn}-") and event["type"] in (
+                "turn-complete",
+                "session-error",
+            ):
+                return event
+        time.sleep(0.1)
+    raise AssertionError(f"turn {turn} of {run_id} did not end")
+
+
+def wait_pending(http: httpx.Client, run_id: str) -> list[dict]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pending = http.get(f"/v1/runs/{run_id}/permissions").json()
+        if pending:
+            return pending
+        time.sleep(0.1)
+    raise AssertionError("no pending request")
+
+
+def test_a_run_is_driven_through_the_api(api: ApiProcess) -> None:  # noqa: F811
+    with api.client("acme") as http:
+        run_id = start(http, "hello api", labels={"team": "blue"})
+        first = wait_terminal(http, run_id, 1)
+        assert first["type"] == "turn-complete"
+        assert first["data"]["text"] == "You said: hello api"
+        record = http.get(f"/v1/runs/{run_id}").json()
+        assert record["status"] == "idle" and record["tenant"] == "acme"
+        assert record["labels"] == {"team": "blue"}
+        events = http.get(f"/v1/runs/{run_id}/events").json()
+        after = http.get(f"/v1/runs/{run_id}/events", params={"after": events[2]["id"]}).json()
+        assert after == events[3:]
+        turn = http.post(f"/v1/runs/{run_id}/turns", json={"input": "again"})
+        assert turn.status_code == 202 and turn.json() == {"run_id": run_id, "turn": 2}
+        assert "(turn 2 of this session)" in wait_terminal(http, run_id, 2)["data"]["text"]
+        diff = http.get(f"/v1/runs/{run_id}/diff")
+        assert diff.status_code == 200 and diff.headers["content-type"].startswith("text/x-diff")
+        export = http.get(f"/v1/runs/{run_id}/export")
+        assert export.status_code == 200 and export.content[:2] == b"\x1f\x8b"
+        rewound = http.post(f"/v1/runs/{run_id}/rewind", json={"turn": 1})
+        assert rewound.status_code == 200, rewound.text
+        budget = http.patch(f"/v1/runs/{run_id}/budget", json={"max_turns": 5})
+        assert budget.status_code == 200 and budget.json()["budget"]["max_turns"] == 5
+        assert http.post(f"/v1/runs/{run_id}/cancel").json() == {
+            "run_id": run_id,
+            "cancelled": False,
+        }
+        ended = http.delete(f"/v1/runs/{run_id}", params={"wait": 30})
+        assert ended.status_code == 200 and ended.json()["status"] == "ended"
+        refused = http.post(f"/v1/runs/{run_id}/turns", json={"input": "more"})
+        assert refused.status_code == 409
+        assert refused.json()["error"]["type"] == "run_ended"
+
+
+def test_a_busy_run_refuses_a_turn_with_409(api: ApiProcess) -> None:  # noqa: F811
+    with api.client("acme") as http:
+        run_id = start(http, "@sleep 30\n@complete late")
+        busy = http.post(f"/v1/runs/{run_id}/turns", json={"input": "now"})
+        assert busy.status_code == 409 and busy.json()["error"]["type"] == "run_busy"
+        assert http.post(f"/v1/runs/{run_id}/cancel").json()["cancelled"] is True
+        assert wait_terminal(http, run_id, 1)["type"] == "session-error"
+
+
+def test_a_permission_request_is_answered_through_the_api(api: ApiProcess) -> None:  # noqa: F811
+    with api.client("acme") as http:
+        run_id = start(http, "@ask touch made.txt\n@complete done", posture="ask")
+        (request,) = wait_pending(http, run_id)
+        path = f"/v1/runs/{run_id}/permissions/{request['request_id']}"
+        answered = http.post(path, json={"decision": "allow"})
+        assert answered.status_code == 200, answered.text
+        again = http.post(path, json={"decision": "deny", "message": "too late"})
+        assert again.status_code == 409 and again.json()["error"]["type"] == "answer_refused"
+        unknown = http.post(f"/v1/runs/{run_id}/permissions/nope", json={"decision": "allow"})
+        assert unknown.status_code == 404
+        assert wait_terminal(http, run_id, 1)["type"] == "turn-complete"
+        decision = next(
+            e
+            for e in http.get(f"/v1/runs/{run_id}/events").json()
+            if e["type"] == "permission-decision"
+        )
+        assert decision["data"]["by"] == "api:acme"
+
+
+def test_runs_are_listed_newest_first_with_filters_and_a_cursor(
+    api: ApiProcess,  # noqa: F811
+) -> None:
+    with api.client("acme") as http:
+        label = f"batch-{time.monotonic_ns()}"
+        made = [start(http, f"n{i}", labels={"batch": label, "i": str(i)}) for i in range(3)]
+        first = http.get("/v1/runs", params={"label": f"batch={label}", "limit": 2}).json()
+        assert [r["run_id"] for r in first["runs"]] == made[::-1][:2]
+        rest = http.get(
+            "/v1/runs", params={"label": f"batch={label}", "limit": 2, "cursor": first["cursor"]}
+        ).json()
+        assert [r["run_id"] for r in rest["runs"]] == made[:1] and rest["cursor"] is None
+        both = http.get("/v1/runs", params=[("label", f"batch={label}"), ("label", "i=1")])
+        assert [r["run_id"] for r in both.json()["runs"]] == [made[1]]
+        other = http.get("/v1/runs", params={"harness": "codex"}).json()
+        assert other["runs"] == []
+    with api.client("other") as http:
+        assert http.get("/v1/runs", params={"label": f"batch={label}"}).json()["runs"] == []
+
+
+def test_another_tenant_gets_404_on_every_endpoint(api: ApiProcess) -> None:  # noqa: F811
+    with api.client("acme") as mine:
+        run_id = start(mine, "@ask touch x\n@complete done", posture="ask")
+        (request,) = wait_pending(mine, run_id)
+    calls: list[tuple[str, str, dict | None]] = [
+        ("GET", "", None),
+        ("POST", "/turns", {"input": "hi"}),
+        ("GET", "/events", None),
+        ("GET", "/events/stream", None),
+        ("POST", "/cancel", None),
+        ("GET", "/permissions", None),
+        ("POST", f"/permissions/{request['request_id']}", {"decision": "allow"}),
+        ("GET", "/diff", None),
+        ("GET", "/export", None),
+        ("POST", "/rewind", {"turn": 0}),
+        ("PATCH", "/budget", {"max_turns": 9}),
+        ("DELETE", "", None),
+    ]
+    unknown = "r" + "0" * 24
+    with api.client("other") as theirs:
+        for method, tail, body in calls:
+            for target in (run_id, unknown):
+                response = theirs.request(method, f"/v1/runs/{target}{tail}", json=body)
+                assert response.status_code == 404, (method, tail, response.text)
+                assert response.json() == {
+                    "error": {"type": "not_found", "message": f"unknown run {target!r}"}
+                }
+    with api.client("acme") as mine:
+        assert mine.get(f"/v1/runs/{run_id}/permissions").json() == [request]  # untouched
+        mine.post(f"/v1/runs/{run_id}/cancel")
+
+
+def test_errors_are_json_with_the_right_status(api: ApiProcess, tmp_path: Any) -> None:  # noqa: F811
+    with api.client() as anonymous:
+        missing = anonymous.get("/v1/runs")
+        assert missing.status_code == 401 and missing.json()["error"]["type"] == "unauthorized"
+        assert missing.headers["www-authenticate"] == "Bearer"
+        wrong = anonymous.get("/v1/runs", headers={"Authorization": "Bearer hk_nope"})
+        assert wrong.status_code == 401
+        assert anonymous.get("/v1/healthz").json() == {"ok": True}
+    with api.client("acme") as http:
+        no_input = http.post("/v1/runs", json={"harness": "stdio-json"})
+        assert no_input.status_code == 422
+        assert no_input.json()["error"]["path"] == "body.input"
+        bad_label = http.post("/v1/runs", json={**RUN, "input": "x", "labels": {"k": 3}})
+        assert bad_label.status_code == 422 and bad_label.json()["error"]["path"] == "body.labels.k"
+        unknown_field = http.post("/v1/runs", json={**RUN, "input": "x", "colour": "red"})
+        assert unknown_field.status_code == 422
+        assert unknown_field.json()["error"]["path"] == "body.colour"
+        bad_harness = http.post("/v1/runs", json={"harness": "nope", "input": "x"})
+        assert bad_harness.status_code == 400
+        assert "unknown harness" in bad_harness.json()["error"]["message"]
+        not_json = http.post("/v1/runs", content=b"{", headers={"content-type": "application/json"})
+        assert not_json.status_code == 422
+        huge = http.post("/v1/runs", content=b"x" * (18 * 1024 * 1024))
+        assert huge.status_code == 413 and huge.json()["error"]["type"] == "too_large"
+        bad_after = http.get(f"/v1/runs/{'r' + '0' * 24}/events", params={"after": "x"})
+        assert bad_after.status_code == 404  # ownership is checked first: nothing is said
+        assert http.get("/v1/nothing").status_code == 404
+    for response in (missing, no_input, bad_harness, huge):
+        text = response.text
+        assert "redis://" not in text and "/tmp/" not in text
+
+
+def test_a_tenant_over_its_rate_limit_gets_429_with_retry_after(
+    api: ApiProcess,  # noqa: F811
+) -> None:
+    api.add_tenant("hasty", rate_limit=3)
+    with api.client("hasty") as http:
+        statuses = [http.get("/v1/runs").status_code for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]
+        refused = http.get("/v1/runs")
+        assert refused.json()["error"]["type"] == "rate_limited"
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+
+
+def test_tenant_policy_narrows_what_a_run_may_ask(api: ApiProcess) -> None:  # noqa: F811
+    from worker.api.tenants import TenantPolicy
+
+    api.add_tenant("narrow", policy=TenantPolicy(harnesses=("stdio-json",), max_turns=1))
+    with api.client("narrow") as http:
+        refused = http.post("/v1/runs", json={"harness": "codex", "input": "x"})
+        assert refused.status_code == 400 and "tenant narrow" in refused.json()["error"]["message"]
+        over = http.post("/v1/runs", json={**RUN, "input": "x", "max_turns": 2})
+        assert over.status_code == 400 and "ceiling" in over.json()["error"]["message"]
+        run_id = start(http, "within")
+        assert http.get(f"/v1/runs/{run_id}").json()["budget"]["max_turns"] == 1
+        raise_it = http.patch(f"/v1/runs/{run_id}/budget", json={"max_turns": 0})
+        assert raise_it.status_code == 400
+
+
+def test_a_revoked_key_is_refused_at_its_next_request(api: ApiProcess) -> None:  # noqa: F811
+    from worker.api import tenants
+
+    api.add_tenant("leaving")
+    with api.client("leaving") as http:
+        assert http.get("/v1/runs").status_code == 200
+        tenants.revoke(api.tenants_file, "leaving")
+        deadline = time.monotonic() + 5
+        while http.get("/v1/runs").status_code != 401:
+            assert time.monotonic() < deadline, "the revoked key still works"
+            time.sleep(0.05)
+
+
+def test_every_route_is_in_openapi_with_its_errors(api: ApiProcess) -> None:  # noqa: F811
+    spec = httpx.get(f"{api.url}/openapi.json").json()
+    expected = {
+        ("post", "/v1/runs"),
+        ("get", "/v1/runs"),
+        ("post", "/v1/runs/{run_id}/turns"),
+        ("get", "/v1/runs/{run_id}"),
+        ("get", "/v1/runs/{run_id}/events"),
+        ("get", "/v1/runs/{run_id}/events/stream"),
+        ("post", "/v1/runs/{run_id}/cancel"),
+        ("delete", "/v1/runs/{run_id}"),
+        ("get", "/v1/runs/{run_id}/permissions"),
+        ("post", "/v1/runs/{run_id}/permissions/{request_id}"),
+        ("get", "/v1/runs/{run_id}/diff"),
+        ("get", "/v1/runs/{run_id}/export"),
+        ("post", "/v1/runs/{run_id}/rewind"),
+        ("patch", "/v1/runs/{run_id}/budget"),
+        ("get", "/v1/healthz"),
+    }
+    found = {(m, p) for p, ops in spec["paths"].items() for m in ops}
+    assert found == expected
+    for method, path in expected - {("get", "/v1/healthz")}:
+        responses = spec["paths"][path][method]["responses"]
+        for status in ("401", "422", "429"):
+            assert status in responses, (method, path, status)
+        if "{run_id}" in path:
+            assert "404" in responses, (method, path)
+    run_fields = spec["components"]["schemas"]["RunCreate"]["properties"]
+    assert {"harness", "input", "labels", "webhook_url", "posture", "max_cost_usd"} <= set(
+        run_fields
+    )

@@ -1,0 +1,168 @@
+"""``harness api``: the HTTP API (FastAPI), everything the Python client does, under ``/v1``.
+
+Every run operation is :class:`~worker.client.HarnessClient`'s, called in the threadpool
+(its methods block on synchronous Redis); only the event streams, the rate limit and the
+ownership check talk to Redis from the event loop (``redis.asyncio``, one small pool, and
+the :class:`~worker.api.sse.StreamHub`'s own connection). A run is its tenant's alone:
+another tenant's run answers 404 on every endpoint, as an unknown one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from config import Settings, load_settings
+from worker.api import errors, page, routes
+from worker.api.limits import RateLimiter
+from worker.api.settings import ApiSettings, load_api_settings
+from worker.api.sse import StreamHub
+from worker.api.tenants import TenantRegistry
+from worker.api.webhooks import Dispatcher
+from worker.client import HarnessClient
+from worker.store.keys import Keys
+
+log = logging.getLogger("worker.api")
+
+POOL_CONNECTIONS = 8
+"""The event loop's Redis connections at most (ownership checks, the rate limit, stream
+backlogs, webhooks); the hub has one more of its own."""
+
+
+@dataclass
+class Api:
+    """What the routes share: built by :func:`create_app`, connected by its lifespan."""
+
+    settings: Settings
+    api: ApiSettings
+    keys: Keys
+    client: HarnessClient
+    tenants: TenantRegistry
+    pool: Any = None
+    hub: StreamHub | None = None
+    limiter: RateLimiter | None = None
+    webhooks: Dispatcher | None = None
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class BodyLimit:
+    """413 for a body over ``limit`` bytes, by its Content-Length or as it is read."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await errors.respond(
+                errors.ApiError(413, "too_large", f"the body is over {self.limit} bytes")
+            )(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> MutableMapping[str, Any]:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise errors.ApiError(413, "too_large", f"the body is over {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def create_app(
+    settings: Settings | None = None, api_settings: ApiSettings | None = None
+) -> FastAPI:
+    settings = settings or load_settings()
+    api_settings = api_settings or load_api_settings()
+    state = Api(
+        settings=settings,
+        api=api_settings,
+        keys=Keys(settings.key_prefix),
+        client=HarnessClient(settings),
+        tenants=TenantRegistry(api_settings.tenants_file or None),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        pool = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                settings.redis_url,
+                decode_responses=True,
+                max_connections=POOL_CONNECTIONS,
+                timeout=30,
+            )
+        )
+        reader = aioredis.Redis.from_url(
+            settings.redis_url, decode_responses=True, single_connection_client=True
+        )
+        http = httpx.AsyncClient(follow_redirects=False)
+        state.pool = pool
+        state.hub = StreamHub(reader, pool, state.keys, batch=api_settings.api_read_batch)
+        state.limiter = RateLimiter(pool, state.keys, api_settings.api_rate_window_s)
+        state.webhooks = Dispatcher(pool, state.keys, state.tenants, api_settings, http)
+        tasks = [
+            asyncio.create_task(state.hub.run(), name="sse-hub"),
+            asyncio.create_task(state.webhooks.run(), name="webhooks"),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await http.aclose()
+            await reader.aclose()
+            await pool.aclose()
+            state.client.close()
+
+    app = FastAPI(
+        title="harness-worker",
+        version="1",
+        summary="Start, steer and watch coding-agent runs",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.api = state
+    errors.install(app)
+    app.include_router(routes.router)
+    app.include_router(page.router)
+    if api_settings.api_cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(api_settings.api_cors_origins),
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+        )
+    app.add_middleware(BodyLimit, limit=api_settings.api_max_body_bytes)
+    return app
+
+
+def serve(host: str, port: int) -> int:
+    """Run the API in this process (``harness api``) until interrupted."""
+    import uvicorn
+
+    app = create_app()
+    if not app.state.api.api.tenants_file:
+        log.warning("api.no_tenants: HARNESS_TENANTS_FILE is not set; every request is refused")
+    uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
+    return 0

@@ -1,0 +1,129 @@
+"""The API's errors: ``{"error": {"type", "message"}}`` with the status that fits.
+
+The client's typed errors (:mod:`worker.errors`) map to statuses here, once; a request the
+schema refuses is 422 with the field's path; a body too big 413; anything unforeseen 500
+with no detail (the log has it: a response never holds a URL, a secret or a path of ours).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from worker.errors import (
+    AnswerRefused,
+    BudgetSpent,
+    HarnessError,
+    InvalidInput,
+    Refused,
+    RequestNotFound,
+    RunBusy,
+    RunEnded,
+    RunNotFound,
+    TurnWaitTimeout,
+    Unavailable,
+)
+
+log = logging.getLogger("worker.api")
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    path: str | None = None
+    """For 422: the refused field, as ``body.labels.team``."""
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, kind: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.headers = headers or {}
+
+
+def not_found(run_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"unknown run {run_id[:40]!r}")
+
+
+# The order matters: a subclass before its base.
+_STATUSES: tuple[tuple[type[HarnessError], int, str], ...] = (
+    (BudgetSpent, 409, "budget_spent"),
+    (InvalidInput, 400, "invalid_input"),
+    (RunNotFound, 404, "not_found"),
+    (RequestNotFound, 404, "not_found"),
+    (RunBusy, 409, "run_busy"),
+    (RunEnded, 409, "run_ended"),
+    (AnswerRefused, 409, "answer_refused"),
+    (Refused, 409, "refused"),
+    (TurnWaitTimeout, 504, "timeout"),
+    (Unavailable, 503, "unavailable"),
+)
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in (
+        (400, "Invalid input or beyond policy"),
+        (401, "Missing or unknown API key"),
+        (404, "No such run of this tenant"),
+        (409, "The run is busy or has ended, or the request was refused"),
+        (413, "Request body too large"),
+        (422, "The request does not match its schema"),
+        (429, "Rate limit reached (see Retry-After)"),
+    )
+}
+
+
+def body(status: int, kind: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message, **extra}}
+
+
+def respond(exc: ApiError) -> JSONResponse:
+    return JSONResponse(body(exc.status, exc.kind, exc.message), exc.status, headers=exc.headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, exc: ApiError) -> JSONResponse:
+        return respond(exc)
+
+    @app.exception_handler(HarnessError)
+    async def _harness(_: Request, exc: HarnessError) -> JSONResponse:
+        for kind, status, name in _STATUSES:
+            if isinstance(exc, kind):
+                return JSONResponse(body(status, name, str(exc)), status)
+        return JSONResponse(body(500, "error", str(exc)), 500)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        path = ".".join(str(p) for p in first.get("loc", ()))
+        message = f"{path}: {first.get('msg', 'invalid')}" if path else str(first.get("msg"))
+        return JSONResponse(body(422, "invalid_request", message, path=path), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kinds = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
+        return JSONResponse(
+            body(exc.status_code, kinds.get(exc.status_code, "error"), str(exc.detail)),
+            exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unforeseen(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("api.error", exc_info=exc)
+        return JSONResponse(body(500, "internal", "internal error"), 500)

@@ -1,0 +1,332 @@
+"""The ``/v1`` routes (CONTRACT.md, "Next additions": HTTP API). Each is one client call."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import redis
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from worker.api import schemas, sse, webhooks
+from worker.api.errors import ERROR_RESPONSES, ApiError, not_found
+from worker.api.tenants import Tenant, apply_policy, check_budget
+from worker.errors import InvalidInput
+from worker.options.spec import RUN_ID, parse_label
+
+router = APIRouter()
+_bearer = HTTPBearer(auto_error=False, description="A tenant's API key")
+_ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
+
+
+def _api(request: Request) -> Any:
+    return request.app.state.api
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: ERROR_RESPONSES[code] for code in (400, 401, 413, 422, 429, *codes)}
+
+
+async def _tenant(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Tenant:
+    """The tenant whose key the request bears, within its rate limit."""
+    api = _api(request)
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise ApiError(
+            401, "unauthorized", "an Authorization: Bearer KEY header is needed", challenge
+        )
+    tenant: Tenant | None = api.tenants.authenticate(credentials.credentials)
+    if tenant is None:
+        raise ApiError(401, "unauthorized", "unknown or revoked API key", challenge)
+    limits = [n for n in (api.api.api_rate_limit, tenant.rate_limit) if n]
+    verdict = await api.limiter.hit(tenant.name, min(limits) if limits else 0)
+    if not verdict.allowed:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"tenant {tenant.name} is over its rate limit; retry after {verdict.retry_after_s}s",
+            {"Retry-After": str(verdict.retry_after_s)},
+        )
+    return tenant
+
+
+TenantDep = Annotated[Tenant, Depends(_tenant)]
+
+
+async def _owned(request: Request, run_id: str, tenant: Tenant) -> Any:
+    """The API state, once the run is known to be ``tenant``'s (404 otherwise, alike for an
+    unknown run and another tenant's)."""
+    api = _api(request)
+    if not RUN_ID.fullmatch(run_id):
+        raise not_found(run_id)
+    owner = await api.pool.hget(api.keys.run(run_id), "tenant")
+    if owner != tenant.name:
+        raise not_found(run_id)
+    return api
+
+
+# -- runs and turns -------------------------------------------------------------------------
+
+
+@router.post("/v1/runs", status_code=201, response_model=schemas.RunCreated, responses=_errors(409))
+async def create_run(request: Request, body: schemas.RunCreate, tenant: TenantDep) -> Any:
+    """Start a run and its first turn (the run options of ``harness run``)."""
+    api = _api(request)
+    fields = body.model_dump(exclude_none=True)
+    harness, text = fields.pop("harness"), fields.pop("input")
+    webhook_url = fields.pop("webhook_url", None) or tenant.webhook_url
+    options = apply_policy(tenant, harness, fields, api.settings)
+    if webhook_url:
+        await run_in_threadpool(webhooks.check_url, webhook_url, api.api)
+    run_id = await run_in_threadpool(
+        api.client.start_run,
+        harness,
+        text,
+        **options,
+        tenant=tenant.name,
+        webhook_url=body.webhook_url,
+    )
+    if webhook_url:
+        await api.webhooks.watch(run_id)
+    return {"run_id": run_id, "turn": 1}
+
+
+@router.get("/v1/runs", response_model=schemas.RunPage, responses=_errors())
+async def list_runs(
+    request: Request,
+    tenant: TenantDep,
+    status: Annotated[str | None, Query(max_length=32)] = None,
+    label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeatable")] = None,
+    harness: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[str | None, Query(max_length=400)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> Any:
+    """The tenant's runs, newest first, a page at a time (``cursor`` from the last page)."""
+    labels = dict(parse_label(text) for text in label or ())
+    return await run_in_threadpool(
+        _api(request).client.list_runs,
+        status=status,
+        labels=labels,
+        harness=harness,
+        limit=limit,
+        cursor=cursor,
+        tenant=tenant.name,
+    )
+
+
+@router.post(
+    "/v1/runs/{run_id}/turns",
+    status_code=202,
+    response_model=schemas.TurnAccepted,
+    responses=_errors(404, 409),
+)
+async def submit_turn(
+    request: Request, run_id: str, body: schemas.TurnCreate, tenant: TenantDep
+) -> Any:
+    """The run's next turn (409 while one is in flight, or once the run has ended)."""
+    api = await _owned(request, run_id, tenant)
+    turn = await run_in_threadpool(api.client.submit_turn, run_id, body.input)
+    return {"run_id": run_id, "turn": turn}
+
+
+@router.get("/v1/runs/{run_id}", responses=_errors(404))
+async def get_run(request: Request, run_id: str, tenant: TenantDep) -> dict[str, Any]:
+    """The run record (``harness status --json``)."""
+    api = await _owned(request, run_id, tenant)
+    record: dict[str, Any] = await run_in_threadpool(api.client.status, run_id)
+    return record
+
+
+@router.get("/v1/runs/{run_id}/events", responses=_errors(404))
+async def list_events(
+    request: Request,
+    run_id: str,
+    tenant: TenantDep,
+    after: Annotated[str | None, Query(max_length=48)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[dict[str, Any]]:
+    """The run's events after the id ``after``, oldest first, at most ``limit``."""
+    api = await _owned(request, run_id, tenant)
+
+    def read() -> list[dict[str, Any]]:
+        found = []
+        for event in api.client.events(run_id, after=after):
+            found.append(event.as_dict())
+            if len(found) >= limit:
+                break
+        return found
+
+    events: list[dict[str, Any]] = await run_in_threadpool(read)
+    return events
+
+
+@router.get(
+    "/v1/runs/{run_id}/events/stream",
+    responses={
+        **_errors(404),
+        200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"},
+    },
+)
+async def stream_events(
+    request: Request,
+    run_id: str,
+    tenant: TenantDep,
+    after: Annotated[str | None, Query(max_length=48)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=48)] = None,
+) -> StreamingResponse:
+    """The run's events as Server-Sent Events (``id:``, ``event:``, ``data:``), from after
+    ``Last-Event-ID`` (or ``after``), until the run ends; a comment keeps it alive."""
+    api = await _owned(request, run_id, tenant)
+    cursor = last_event_id or after or "0-0"
+    if not _ENTRY_ID.fullmatch(cursor):
+        raise InvalidInput(f"invalid event id {cursor[:48]!r}: expected TURN-SEQ, like 3-0")
+    return StreamingResponse(
+        sse.stream(api.hub, run_id, cursor, api.api.api_keepalive_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post("/v1/runs/{run_id}/cancel", response_model=schemas.Cancelled, responses=_errors(404))
+async def cancel_run(request: Request, run_id: str, tenant: TenantDep) -> Any:
+    """Stop the turn in flight (``cancelled`` false when none is)."""
+    api = await _owned(request, run_id, tenant)
+    cancelled = await run_in_threadpool(api.client.cancel, run_id)
+    return {"run_id": run_id, "cancelled": cancelled}
+
+
+@router.delete("/v1/runs/{run_id}", responses=_errors(404))
+async def end_run(
+    request: Request,
+    run_id: str,
+    tenant: TenantDep,
+    wait: Annotated[float, Query(ge=0, le=120)] = 0,
+) -> dict[str, Any]:
+    """End the run (idempotent); with ``wait``, up to that many seconds for the teardown."""
+    api = await _owned(request, run_id, tenant)
+    record: dict[str, Any] = await run_in_threadpool(
+        lambda: api.client.end(run_id, wait=wait > 0, timeout=wait or 60.0)
+    )
+    return record
+
+
+# -- permission requests --------------------------------------------------------------------
+
+
+@router.get("/v1/runs/{run_id}/permissions", responses=_errors(404))
+async def pending(request: Request, run_id: str, tenant: TenantDep) -> list[dict[str, Any]]:
+    """The run's permission requests still waiting for an answer, oldest first."""
+    api = await _owned(request, run_id, tenant)
+    waiting: list[dict[str, Any]] = await run_in_threadpool(api.client.pending, run_id)
+    return waiting
+
+
+@router.post("/v1/runs/{run_id}/permissions/{request_id}", responses=_errors(404, 409))
+async def answer(
+    request: Request, run_id: str, request_id: str, body: schemas.Decision, tenant: TenantDep
+) -> dict[str, Any]:
+    """Allow or deny a waiting request; the first answer wins (409 for a later one)."""
+    api = await _owned(request, run_id, tenant)
+    who = f"api:{tenant.name}"
+    if body.decision == "allow":
+        call = lambda: api.client.approve(run_id, request_id, always=body.always, by=who)  # noqa: E731
+    else:
+        call = lambda: api.client.deny(run_id, request_id, message=body.message, by=who)  # noqa: E731
+    result: dict[str, Any] = await run_in_threadpool(call)
+    return result
+
+
+# -- the workspace --------------------------------------------------------------------------
+
+
+@router.get(
+    "/v1/runs/{run_id}/diff",
+    responses={**_errors(404, 409), 200: {"content": {"text/x-diff": {}}}},
+)
+async def diff(
+    request: Request,
+    run_id: str,
+    tenant: TenantDep,
+    turn: Annotated[int | None, Query(ge=1)] = None,
+    from_turn: Annotated[int | None, Query(ge=0)] = None,
+    to_turn: Annotated[int | None, Query(ge=0)] = None,
+) -> Response:
+    """A unified diff of the workspace: turn ``turn``'s changes, or ``from_turn`` to
+    ``to_turn``."""
+    api = await _owned(request, run_id, tenant)
+    text = await run_in_threadpool(
+        lambda: api.client.diff(run_id, turn=turn, from_turn=from_turn, to_turn=to_turn)
+    )
+    return Response(text, media_type="text/x-diff")
+
+
+@router.get(
+    "/v1/runs/{run_id}/export",
+    responses={**_errors(404, 409), 200: {"content": {"application/gzip": {}}}},
+)
+async def export(
+    request: Request,
+    run_id: str,
+    tenant: TenantDep,
+    turn: Annotated[int | None, Query(ge=0)] = None,
+) -> FileResponse:
+    """A tar.gz of the workspace as it was after ``turn`` (default: the last)."""
+    api = await _owned(request, run_id, tenant)
+    folder = Path(tempfile.mkdtemp(prefix="harness-export-"))
+    target = folder / f"{run_id}.tar.gz"
+    try:
+        await run_in_threadpool(lambda: api.client.export(run_id, target, turn=turn))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return FileResponse(
+        target,
+        media_type="application/gzip",
+        filename=target.name,
+        background=BackgroundTask(shutil.rmtree, folder, True),
+    )
+
+
+@router.post("/v1/runs/{run_id}/rewind", responses=_errors(404, 409))
+async def rewind(
+    request: Request, run_id: str, body: schemas.Rewind, tenant: TenantDep
+) -> dict[str, Any]:
+    """Put the workspace back as it was after ``turn`` (0: as seeded)."""
+    api = await _owned(request, run_id, tenant)
+    result: dict[str, Any] = await run_in_threadpool(api.client.rewind, run_id, body.turn)
+    return result
+
+
+@router.patch("/v1/runs/{run_id}/budget", responses=_errors(404, 409))
+async def budget(
+    request: Request, run_id: str, body: schemas.BudgetChange, tenant: TenantDep
+) -> dict[str, Any]:
+    """Change the run's budget (0 removes a limit), within the operator's and the tenant's
+    ceilings; returns it with what is spent."""
+    api = await _owned(request, run_id, tenant)
+    limits = body.model_dump(exclude_none=True)
+    check_budget(tenant, limits)
+    result: dict[str, Any] = await run_in_threadpool(
+        lambda: api.client.set_budget(run_id, **limits)
+    )
+    return result
+
+
+@router.get("/v1/healthz", response_model=schemas.Health)
+async def healthz(request: Request) -> Any:
+    """Whether this process reaches Redis (no key needed)."""
+    try:
+        await _api(request).pool.ping()
+    except (redis.RedisError, OSError):  # not reached: "not ok", and nothing more is said
+        return Response('{"ok":false}', 503, media_type="application/json")
+    return {"ok": True}

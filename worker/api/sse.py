@@ -1,0 +1,254 @@
+"""Server-Sent Events for run streams: one reader per API process, fanned out to clients.
+
+A thousand open streams cost neither a Redis connection nor a thread each: one
+:class:`StreamHub` task reads every watched run stream with ``XREAD`` (one connection, the
+stream keys in batches of ``HARNESS_API_READ_BATCH``) and puts each entry on the asyncio
+queue of every client of that run. A client first reads what it missed (``XRANGE`` from
+its ``Last-Event-ID``, on the API's small shared pool) up to where the hub is, then takes
+the hub's entries: no gap, no duplicate. The hub looks at the runs' records every second,
+and ends their clients' streams when a run has ended (after its last turn's terminal
+event, or a grace period: the record says ended before the last terminal is written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from adapters.events import TERMINAL_TYPES
+from worker.store.keys import Keys
+
+log = logging.getLogger("worker.api.sse")
+
+Entry = tuple[str, str, str]
+"""An event as the stream holds it: its id, its type and its data (JSON text)."""
+_END = ("", "", "")
+QUEUE_MAX = 10_000
+"""Entries a client may fall behind by; past it its stream is closed (it resumes with
+``Last-Event-ID``) rather than held in memory."""
+FINISHED = ("ended", "failed")
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    turn, _, seq = entry_id.partition("-")
+    return int(turn), int(seq or 0)
+
+
+def format_event(entry: Entry) -> str:
+    """One SSE message: ``id:``, ``event:`` and ``data:`` lines (a data line per line of
+    the JSON, which has none unless a producer's tool wrote them)."""
+    entry_id, kind, data = entry
+    lines = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return f"id: {entry_id}\nevent: {kind}\n{lines}\n"
+
+
+@dataclass(eq=False)
+class Subscription:
+    run_id: str
+    queue: asyncio.Queue[Entry]
+    backlog: list[Entry]
+    after: str
+    """Entries up to this id were delivered before (skipped if the hub brings them)."""
+
+
+@dataclass(eq=False)
+class _Run:
+    key: str
+    cursor: str
+    subscribers: set[Subscription] = field(default_factory=set)
+    last: tuple[int, str] | None = None
+    """The turn and type of the latest entry read."""
+    ended_at: float | None = None
+
+
+class StreamHub:
+    """The process' one reader of run streams (:meth:`run` is its task)."""
+
+    def __init__(
+        self,
+        reader: Any,
+        pool: Any,
+        keys: Keys,
+        *,
+        batch: int = 256,
+        block_ms: int = 250,
+        check_every_s: float = 1.0,
+        grace_s: float = 5.0,
+    ) -> None:
+        self.reader = reader
+        """A ``redis.asyncio.Redis`` of one connection, the hub's own (it blocks on XREAD)."""
+        self.pool = pool
+        """The API's shared ``redis.asyncio.Redis`` (a client's backlog)."""
+        self.keys = keys
+        self.batch = batch
+        self.block_ms = block_ms
+        self.check_every_s = check_every_s
+        self.grace_s = grace_s
+        self._runs: dict[str, _Run] = {}
+        self._by_key: dict[str, str] = {}
+        self._wake = asyncio.Event()
+        self._next_check = 0.0
+
+    @property
+    def clients(self) -> int:
+        return sum(len(run.subscribers) for run in self._runs.values())
+
+    async def subscribe(self, run_id: str, after: str) -> Subscription:
+        """A client of ``run_id``'s stream from after ``after`` (``0-0``: the start)."""
+        queue: asyncio.Queue[Entry] = asyncio.Queue(QUEUE_MAX)
+        run = self._runs.get(run_id)
+        if run is None:
+            key = self.keys.events(run_id)
+            backlog = await self._range(key, after, "+")
+            run = self._runs.get(run_id)
+            if run is None:  # still untracked after the read: the hub goes on from its end
+                run = _Run(key, backlog[-1][0] if backlog else after)
+                if backlog:
+                    run.last = (entry_key(backlog[-1][0])[0], backlog[-1][1])
+                self._runs[run_id] = run
+                self._by_key[key] = run_id
+                sub = Subscription(run_id, queue, backlog, after)
+                run.subscribers.add(sub)
+                self._wake.set()
+                return sub
+        # Tracked: the hub delivers what comes after its cursor; what lies between the
+        # client's id and that cursor is read here (the queue is joined first, so nothing
+        # the hub reads meanwhile is lost).
+        upto = run.cursor
+        sub = Subscription(run_id, queue, [], after)
+        run.subscribers.add(sub)
+        if entry_key(after) < entry_key(upto):
+            sub.backlog = await self._range(run.key, after, upto)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        run = self._runs.get(sub.run_id)
+        if run is None:
+            return
+        run.subscribers.discard(sub)
+        if not run.subscribers:
+            del self._runs[sub.run_id]
+            self._by_key.pop(run.key, None)
+
+    async def _range(self, key: str, after: str, upto: str) -> list[Entry]:
+        found: list[Entry] = []
+        low = after
+        while True:
+            entries = await self.pool.xrange(key, min=f"({low}", max=upto, count=1000)
+            found += [(i, f.get("type", ""), f.get("data", "null")) for i, f in entries]
+            if len(entries) < 1000:
+                return found
+            low = entries[-1][0]
+
+    async def run(self) -> None:
+        """Read, fan out and end streams until cancelled; Redis faults are waited out."""
+        while True:
+            try:
+                await self._pass()
+            except asyncio.CancelledError:
+                raise
+            except (redis.RedisError, OSError) as exc:
+                log.warning("sse.read_failed", extra={"error": str(exc)})
+                await asyncio.sleep(1.0)
+
+    async def _pass(self) -> None:
+        if not self._runs:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.check_every_s)
+            return
+        streams = {run.key: run.cursor for run in self._runs.values()}
+        keys = list(streams)
+        got = False
+        for start in range(0, len(keys), self.batch):
+            chunk = {k: streams[k] for k in keys[start : start + self.batch]}
+            # One batch blocks until something comes; several are polled in turn.
+            block = self.block_ms if len(keys) <= self.batch else None
+            reply = await self.reader.xread(chunk, count=500, block=block)
+            for key, entries in reply or ():
+                got = got or bool(entries)
+                self._deliver(key, entries)
+        if not got and len(keys) > self.batch:
+            await asyncio.sleep(self.block_ms / 1000 / 5)
+        if time.monotonic() >= self._next_check:
+            self._next_check = time.monotonic() + self.check_every_s
+            await self._end_finished()
+
+    def _deliver(self, key: str, entries: list[tuple[str, dict[str, str]]]) -> None:
+        run_id = self._by_key.get(key)
+        run = self._runs.get(run_id) if run_id else None
+        if run is None:
+            return
+        for entry_id, fields in entries:
+            entry = (entry_id, fields.get("type", ""), fields.get("data", "null"))
+            run.cursor = entry_id
+            run.last = (entry_key(entry_id)[0], entry[1])
+            for sub in list(run.subscribers):
+                try:
+                    sub.queue.put_nowait(entry)
+                except asyncio.QueueFull:
+                    self._close(run, sub)
+
+    def _close(self, run: _Run, sub: Subscription) -> None:
+        run.subscribers.discard(sub)
+        while not sub.queue.empty():
+            sub.queue.get_nowait()
+        sub.queue.put_nowait(_END)
+
+    async def _end_finished(self) -> None:
+        items = list(self._runs.items())
+        pipe = self.reader.pipeline(transaction=False)
+        for run_id, _ in items:
+            pipe.hmget(self.keys.run(run_id), ["status", "current_turn"])
+        replies = await pipe.execute()
+        now = time.monotonic()
+        for (run_id, run), (status, current) in zip(items, replies, strict=True):
+            if status is None:
+                done = True  # the run's record is gone (expired or never was)
+            elif status in FINISHED:
+                run.ended_at = run.ended_at or now
+                last_terminal = (
+                    run.last is not None
+                    and run.last[1] in TERMINAL_TYPES
+                    and (not current or run.last[0] >= int(current))
+                )
+                done = last_terminal or now - run.ended_at >= self.grace_s
+            else:
+                done = False
+            if done:
+                for sub in list(run.subscribers):
+                    self._close(run, sub)
+                self._runs.pop(run_id, None)
+                self._by_key.pop(run.key, None)
+
+
+async def stream(hub: StreamHub, run_id: str, after: str, keepalive_s: float) -> AsyncIterator[str]:
+    """The SSE text of one client: its backlog, then live entries, a comment when idle."""
+    sub = await hub.subscribe(run_id, after)
+    seen = entry_key(after)
+    try:
+        yield ": stream open\n\n"
+        for entry in sub.backlog:
+            seen = entry_key(entry[0])
+            yield format_event(entry)
+        while True:
+            try:
+                entry = await asyncio.wait_for(sub.queue.get(), keepalive_s)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
+            if entry is _END or entry == _END:
+                return
+            if entry_key(entry[0]) <= seen:
+                continue
+            seen = entry_key(entry[0])
+            yield format_event(entry)
+    finally:
+        hub.unsubscribe(sub)
