@@ -1,8 +1,12 @@
-"""The layout is the architecture: what ``adapters`` and ``sandbox`` may import (STYLE.md)."""
+"""The layout is the architecture: what each package of ``adapters`` and ``sandbox`` may
+import (STYLE.md), that every module there says what it is, that the sandbox's errors and
+labels each have one home."""
 
 from __future__ import annotations
 
 import ast
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -96,6 +100,150 @@ def test_adapters_read_no_environment_nor_files(path: Path) -> None:
             if node.func.attr in io:
                 problems.append(f"line {node.lineno}: .{node.func.attr}()")
     assert not problems, f"{_rel(path)} touches the environment or filesystem: {problems}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the modules of one package may import besides the standard library: modules of
+    ours (a name and everything under it) and third-party distributions (top-level names)."""
+
+    ours: frozenset[str]
+    third_party: frozenset[str] = frozenset()
+
+
+BACKEND = frozenset(
+    {"sandbox.base", "sandbox.chunks", "sandbox.stdin_pipe", "sandbox.workspace", "sandbox.store"}
+)
+# The most specific entry (by path) is a module's rule.
+RULES: dict[str, Rule] = {
+    # Pure mappers: each other, pydantic (the event models) and orjson (the stream driver).
+    "adapters": Rule(frozenset({"adapters"}), frozenset({"pydantic", "pydantic_core", "orjson"})),
+    # The boundary knows nothing but itself.
+    "sandbox/base.py": Rule(frozenset()),
+    # Small shared helpers of the backends.
+    "sandbox": Rule(frozenset({"sandbox.base"})),
+    # The daemon's ID names the host's queue (HARNESS_HOST_QUEUE otherwise).
+    "sandbox/identity.py": Rule(frozenset({"sandbox.base"}), frozenset({"docker", "requests"})),
+    # A backend: the boundary, the shared helpers and the store; never the other backend.
+    "sandbox/local.py": Rule(BACKEND),
+    "sandbox/docker": Rule(BACKEND | {"sandbox.docker"}, frozenset({"docker", "requests"})),
+    # The workspace store knows no backend.
+    "sandbox/store": Rule(frozenset({"sandbox.base", "sandbox.workspace", "sandbox.store"})),
+}
+FIRST_PARTY = {"adapters", "sandbox", "worker", "config", "tests"}
+
+
+def _rule(path: Path) -> Rule:
+    rel = _rel(path)
+    matches = [key for key in RULES if rel == key or rel.startswith(key + "/")]
+    return RULES[max(matches, key=len)]
+
+
+def _not_allowed(modules: set[str], rule: Rule) -> set[str]:
+    bad = set()
+    for module in modules:
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names:
+            continue
+        if top not in FIRST_PARTY:
+            if top not in rule.third_party:
+                bad.add(top)
+            continue
+        if not any(module == ok or module.startswith(ok + ".") for ok in rule.ours):
+            bad.add(module)
+    return bad
+
+
+@pytest.mark.parametrize("path", ADAPTER_FILES + SANDBOX_FILES, ids=_rel)
+def test_each_package_imports_only_what_its_rule_allows(path: Path) -> None:
+    bad = _not_allowed(_imports(path), _rule(path))
+    assert not bad, f"{_rel(path)} imports {sorted(bad)}, outside its rule in RULES"
+
+
+def test_the_rules_refuse_a_backend_in_the_store_and_docker_in_the_local_backend() -> None:
+    store, local = RULES["sandbox/store"], RULES["sandbox/local.py"]
+    assert _not_allowed({"sandbox.docker.container", "sandbox.local"}, store) == {
+        "sandbox.docker.container",
+        "sandbox.local",
+    }
+    assert _not_allowed({"sandbox.docker.sandbox", "docker"}, local) == {
+        "sandbox.docker.sandbox",
+        "docker",
+    }
+    assert _not_allowed({"redis", "worker.app", "sandbox.base"}, RULES["adapters"]) == {
+        "redis",
+        "worker.app",
+        "sandbox.base",
+    }
+    assert _rule(ROOT / "sandbox" / "store" / "seeding.py") is store
+    assert _rule(ROOT / "sandbox" / "docker" / "egress.py") is RULES["sandbox/docker"]
+
+
+@pytest.mark.parametrize("path", ADAPTER_FILES + SANDBOX_FILES, ids=_rel)
+def test_every_module_says_what_it_is(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    assert ast.get_docstring(tree), f"{_rel(path)} has no module docstring"
+
+
+# Exceptions of ours that never leave the module that raises them: the Docker backend's exec
+# seam translates ExecStreamError; a private class (a leading underscore) is caught inside.
+INTERNAL_EXCEPTIONS = {"sandbox.docker.stream.ExecStreamError"}
+
+
+def _modules(files: list[Path]) -> list[str]:
+    names = [".".join(f.relative_to(ROOT).with_suffix("").parts) for f in files]
+    return [name.removesuffix(".__init__") for name in names]
+
+
+@pytest.mark.parametrize("module", _modules(SANDBOX_FILES))
+def test_the_sandbox_error_tree_is_defined_in_base_alone(module: str) -> None:
+    import importlib
+
+    from sandbox.base import SandboxError
+
+    loaded = importlib.import_module(module)
+    for name, value in vars(loaded).items():
+        if not isinstance(value, type) or not issubclass(value, BaseException):
+            continue
+        if value.__module__ != module or name.startswith("_"):
+            continue  # imported from elsewhere, or private
+        if module == "sandbox.base":
+            assert issubclass(value, SandboxError), f"{name} is outside the SandboxError tree"
+            continue
+        assert f"{module}.{name}" in INTERNAL_EXCEPTIONS, (
+            f"{module}.{name}: the sandbox's errors are defined in sandbox/base.py"
+        )
+
+
+def _sandbox_labels() -> dict[str, str]:
+    """Every label constant of the sandbox (``LABEL_*``, ``*_LABEL``): value → where."""
+    found: dict[str, str] = {}
+    for path in SANDBOX_FILES:
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and ("LABEL_" in node.targets[0].id or node.targets[0].id.endswith("_LABEL"))
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                where = f"{_rel(path)}:{node.targets[0].id}"
+                assert node.value.value not in found, f"{where} repeats {found[node.value.value]}"
+                found[node.value.value] = where
+    return found
+
+
+def test_container_labels_are_defined_once_and_the_worker_spells_none() -> None:
+    labels = _sandbox_labels()
+    assert labels["harness.lease_until"] == "sandbox/base.py:LABEL_LEASE"
+    spelled = [
+        f"{_rel(path)}:{node.lineno} {node.value!r} (use {labels[node.value]})"
+        for path in sorted((ROOT / "worker").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in labels
+    ]
+    assert not spelled, f"label literals in the worker: {spelled}"
 
 
 def test_import_check_sees_relative_and_dynamic_imports(tmp_path: Path) -> None:
