@@ -10,13 +10,16 @@ turns are long, and a prefetched turn would wait behind a busy one.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
 from adapters import HARNESS_IDS
 from config import Settings, get_settings
 from worker import broker
-from worker.app_names import TASK_REAP, harness_queue
+from worker.app_names import TASK_REAP, TASK_RUN_TURN, harness_queue
+from worker.store.queued import SendTurn
 
 
 def direct_queue(name: str) -> Queue:
@@ -70,6 +73,33 @@ def create_app(settings: Settings | None = None) -> Celery:
     return app
 
 
+def turn_sender(app: Celery) -> SendTurn:
+    """The one way a turn is sent to the broker: ``harness.run_turn`` with its payload, to a
+    queue, delivered after ``countdown`` seconds (0: now)."""
+
+    def send(payload: dict[str, Any], queue: str, countdown: float) -> None:
+        app.send_task(TASK_RUN_TURN, args=[payload], queue=queue, countdown=countdown or None)
+
+    return send
+
+
+FLOWER_ADDRESS = "127.0.0.1"
+"""Where ``celery -A worker.app flower`` listens unless told otherwise (``--address``,
+``FLOWER_ADDRESS``, a ``flowerconfig.py``): Flower shows every task's arguments, prompts
+included, and has no authentication of its own."""
+
+
+def _flower_defaults() -> None:
+    """Flower reads no Celery setting: its options are tornado's, defined when celery loads
+    its command plugin (before ``-A`` loads this app), so its default address is set there."""
+    try:
+        from tornado.options import options
+    except ImportError:  # no Flower installed, nothing to set
+        return
+    if "address" in options and not options.address:
+        options.address = FLOWER_ADDRESS
+
+
 _worker_app: Celery | None = None
 
 
@@ -81,5 +111,6 @@ def __getattr__(name: str) -> Celery:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if _worker_app is None:
         broker.install()  # a broker restart must not take a worker with a turn in flight down
+        _flower_defaults()
         _worker_app = create_app()
     return _worker_app

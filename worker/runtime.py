@@ -8,8 +8,11 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
+from celery import Celery
+
 from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
+from worker.app import turn_sender
 from worker.options.policy import egress_config
 from worker.store.keys import Keys
 from worker.store.records import RunStore
@@ -60,4 +63,12 @@ def deps() -> TurnDeps:
         sandbox_for=sandbox_for,
         worker_id=f"{socket.gethostname()}:{os.getpid()}",
         shutdown=Shutdown(settings.shutdown_grace_s),
+        send_turn=turn_sender(worker_app()),
     )
+
+
+def worker_app() -> Celery:
+    """The worker's Celery app (``celery -A worker.app``)."""
+    from worker import app
+
+    return app.app

@@ -19,7 +19,7 @@ from config import load_settings
 from sandbox.local import LocalSandbox
 from tests.gitserver import GitServer, git_server
 from tests.helpers import assert_one_terminal
-from tests.integration.conftest import Env, start_worker
+from tests.integration.conftest import DEMO, Env, start_worker
 from worker.client import HarnessClient
 from worker.options.spec import RunOptions, TurnPayload, new_run_id
 from worker.store.keys import Keys
@@ -52,7 +52,7 @@ def test_a_clone_slower_than_the_heartbeat_and_a_reap_pass_ends_its_turn_once_co
         run_id = client.start_run(
             "stdio-json",
             "@complete seeded",
-            executable="harness-demo",
+            executable=DEMO,
             repo=slow_server.url("slow.git"),
         )
         terminal = client.wait(run_id, 1, timeout=slow_server.delay_s + 120)

@@ -28,16 +28,19 @@ make_world = test_execute_turn.make_world  # the fixture: worlds on fakeredis an
 
 @pytest.fixture
 def world(make_world: Any) -> World:
-    return make_world()  # type: ignore[no-any-return]
+    made: World = make_world()
+    made.deps.send_turn = _capture
+    return made
+
+
+def _capture(payload: dict[str, Any], queue: str, countdown: float) -> None:
+    """What the worker would send to the broker (a parked turn, a deferred copy)."""
+    SENT.append((payload, queue, countdown))
 
 
 @pytest.fixture(autouse=True)
-def _capture_sends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the worker would send to the broker (a parked turn, a deferred copy)."""
+def _clear_sends() -> None:
     SENT.clear()
-    monkeypatch.setattr(
-        parking, "sender", lambda deps: lambda payload, queue, s: SENT.append((payload, queue, s))
-    )
 
 
 def _types(events: list[tuple[str, str, dict[str, Any]]]) -> list[str]:

@@ -25,8 +25,8 @@ from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings, SettingsError, load_settings
-from worker.app import create_app
-from worker.app_names import TASK_END_RUN, TASK_RUN_TURN, harness_queue
+from worker.app import create_app, turn_sender
+from worker.app_names import TASK_END_RUN, harness_queue
 from worker.client.workspace import WorkspaceRequests
 from worker.errors import (
     BudgetSpent,
@@ -54,6 +54,7 @@ from worker.spend import budgets, slots
 from worker.store import credentials
 from worker.store.keys import Keys, SyncRedis
 from worker.store.listing import RunFilter, unindex_run
+from worker.store.queued import QueuedTurn
 from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
 from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT
@@ -375,11 +376,10 @@ class HarnessClient:
 
     def _send(self, run_id: str, turn: int, input: str, queue: str) -> None:
         payload = TurnPayload(run_id=run_id, turn=turn, input=input).model_dump()
-        ttl = self.settings.retention_s
-        entry = json.dumps({"payload": payload, "queue": queue, "sent_at": time.time()})
-        self.redis.set(self.keys.turn_queued(run_id, turn), entry, ex=ttl)
+        entry = QueuedTurn.first(payload, queue, time.time())
+        entry.write(self.redis, self.keys, run_id, turn, self.settings.retention_s)
         try:
-            self.app.send_task(TASK_RUN_TURN, args=[payload], queue=queue)
+            turn_sender(self.app)(payload, queue, 0.0)
         except Exception as exc:
             # Nothing will run this turn: leave nothing that says otherwise (the reaper would
             # re-send a queued payload, and a run record without a turn would never expire).

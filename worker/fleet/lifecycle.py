@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
 from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings
-from sandbox.base import Limits, RunSpec, Sandbox, SandboxError, WarmPool
+from sandbox.base import LABEL_WORKER, Egress, Limits, RunSpec, Sandbox, SandboxError, WarmPool
 from worker.errors import RunNotFound
 from worker.fleet import hosts
 from worker.observe import metrics
 from worker.spend import parking, slots
-from worker.store import credentials
+from worker.store import credentials, queued
 from worker.store.publisher import last_seq
+from worker.store.queued import SendTurn
 from worker.store.records import RunRecord
 from worker.store.status import EXECUTING, FINISHED
 from worker.turn.execute import TurnDeps, close_lost_turn
@@ -113,9 +112,8 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
             if record and status not in FINISHED:
                 deps.store.end_run(found.run_id, last_error="lease expired")
             log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
-    reap_gateway = getattr(sandbox, "reap_gateway", None)
-    if reap_gateway is not None:
-        done = reap_gateway()
+    if isinstance(sandbox, Egress):
+        done = sandbox.reap_gateway()
         if done:
             report.gateways.append(done)
 
@@ -181,7 +179,7 @@ def _reap_turns(deps: TurnDeps, report: ReapReport) -> None:
     # A lost turn is closed first; the run stays usable, so its sandbox is kept.
     close_lost_turns(deps, report)
     close_stranded_turns(deps, report)
-    report.resent += resend_unclaimed_turns(deps, _sender(deps))
+    report.resent += resend_unclaimed_turns(deps, deps.send_turn)
     # Parked turns whose countdown was lost with its worker (never before their reset), and
     # concurrency slots held by turns whose worker is gone (worker/spend/parking.py, slots.py).
     report.resent += parking.resend_due(deps)
@@ -304,7 +302,7 @@ def warm_pools(deps: TurnDeps) -> int:
                     limits=Limits(settings.memory, settings.cpus, settings.pids),
                     user=settings.container_user,
                     read_only_root=settings.read_only_root,
-                    labels={"harness.worker": deps.worker_id},
+                    labels={LABEL_WORKER: deps.worker_id},
                 )
             )
         except SandboxError as exc:
@@ -330,9 +328,7 @@ def _docker_in_use(settings: Settings) -> bool:
     return settings.sandbox == "docker" or "docker" in allowed or "*" in allowed
 
 
-def resend_unclaimed_turns(
-    deps: TurnDeps, send: Callable[[dict[str, Any], str], None]
-) -> list[str]:
+def resend_unclaimed_turns(deps: TurnDeps, send: SendTurn) -> list[str]:
     """Send again every queued turn no worker has taken for HARNESS_RESEND_AFTER_S.
 
     A turn's payload stays in Redis until a worker takes it. Should the broker lose the
@@ -350,34 +346,16 @@ def resend_unclaimed_turns(
         turn = record.current_turn or 0
         if turn < 1 or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
             return
-        key = deps.keys.turn_queued(run_id, turn)
-        entry_text = deps.redis.get(key)
-        if not entry_text:
+        entry = queued.read(deps.redis, deps.keys, run_id, turn)
+        if entry is None or now - entry.sent_at < deps.settings.resend_after_s:
             return
-        entry = json.loads(entry_text)
-        if now - float(entry.get("sent_at", now)) < deps.settings.resend_after_s:
-            return
-        queue = str(entry.get("queue") or "")
+        queue = entry.queue
         if hosts.is_host_queue(queue, deps.keys) and not hosts.alive(deps.redis, deps.keys, queue):
             return  # close_stranded_turns ends it instead
-        entry.setdefault("first_sent_at", entry.get("sent_at", now))
-        entry["sent_at"] = now
-        deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
-        send(entry["payload"], queue)
+        entry.sent_again(now).write(deps.redis, deps.keys, run_id, turn, deps.settings.retention_s)
+        send(entry.payload, queue, 0.0)
         resent.append(f"{run_id}/{turn}")
         log.warning("turn.resent", extra={"run_id": run_id, "turn": turn, "queue": queue})
 
     _each_run(deps, "resend_unclaimed_turns", step)
     return resent
-
-
-def _sender(deps: TurnDeps) -> Callable[[dict[str, Any], str], None]:
-    from worker.app import create_app
-    from worker.app_names import TASK_RUN_TURN
-
-    app = create_app(deps.settings)
-
-    def send(payload: dict[str, Any], queue: str) -> None:
-        app.send_task(TASK_RUN_TURN, args=[payload], queue=queue)
-
-    return send

@@ -32,7 +32,6 @@ against the budget (each is a turn, and its tokens are the run's).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -43,7 +42,8 @@ from typing import Any
 from adapters.events import Event, Parked, SessionError
 from config import Settings
 from worker.options.spec import RunOptions, TurnPayload
-from worker.store import lua
+from worker.store import lua, queued
+from worker.store.queued import QueuedTurn
 from worker.store.records import RunRecord
 from worker.turn.deps import TurnDeps
 
@@ -135,9 +135,8 @@ def park(
     again = TurnPayload(
         run_id=run_id, turn=next_turn, input=payload.input, not_before=resume_at
     ).model_dump()
-    entry = {"payload": again, "queue": queue, "sent_at": resume_at, "resume_at": resume_at}
-    deps.redis.set(
-        deps.keys.turn_queued(run_id, next_turn), json.dumps(entry), ex=deps.settings.retention_s
+    QueuedTurn.first(again, queue, resume_at, resume_at=resume_at).write(
+        deps.redis, deps.keys, run_id, next_turn, deps.settings.retention_s
     )
     log.info(
         "turn.parked",
@@ -157,7 +156,7 @@ def dispatch(deps: TurnDeps, parked: Park, send: Sender | None = None) -> None:
     is out: turns of a run never overlap). Should this fail, the reaper sends it."""
     countdown = max(0.0, parked.resume_at - time.time())
     try:
-        (send or sender(deps))(parked.payload, parked.queue, countdown)
+        (send or deps.send_turn)(parked.payload, parked.queue, countdown)
     except Exception:  # the queued entry stays: the reaper sends it later
         log.exception("turn.park_send_failed", extra={"run_id": parked.run_id})
 
@@ -170,11 +169,10 @@ def defer_if_early(deps: TurnDeps, payload: TurnPayload, send: Sender | None = N
     left = payload.not_before - time.time()
     if left <= EARLY_TOLERANCE_S:
         return False
-    entry = deps.redis.get(deps.keys.turn_queued(payload.run_id, payload.turn))
-    queue = str(json.loads(entry).get("queue") or "") if entry else ""
-    if not entry:
+    entry = queued.read(deps.redis, deps.keys, payload.run_id, payload.turn)
+    if entry is None:
         return True  # taken, cancelled or withdrawn meanwhile: nothing to send on
-    (send or sender(deps))(payload.model_dump(), queue, left)
+    (send or deps.send_turn)(payload.model_dump(), entry.queue, left)
     log.info("turn.deferred", extra={"run_id": payload.run_id, "turn": payload.turn})
     return True
 
@@ -199,33 +197,11 @@ def resend_due(deps: TurnDeps, send: Sender | None = None) -> list[str]:
             continue
         if deps.redis.exists(deps.keys.turn_started(run_id, turn)):
             continue
-        key = deps.keys.turn_queued(run_id, turn)
-        text = deps.redis.get(key)
-        if not text:
+        entry = queued.read(deps.redis, deps.keys, run_id, turn)
+        if entry is None or now - entry.sent_at < deps.settings.resend_after_s:
             continue
-        entry = json.loads(text)
-        if now - float(entry.get("sent_at", 0.0)) < deps.settings.resend_after_s:
-            continue
-        entry["sent_at"] = now
-        deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
-        (send or sender(deps))(entry["payload"], str(entry.get("queue") or ""), 0.0)
+        entry.sent_again(now).write(deps.redis, deps.keys, run_id, turn, deps.settings.retention_s)
+        (send or deps.send_turn)(entry.payload, entry.queue, 0.0)
         out.append(f"{run_id}/{turn}")
         log.warning("turn.parked_resent", extra={"run_id": run_id, "turn": turn})
     return out
-
-
-_apps: dict[int, Any] = {}
-
-
-def sender(deps: TurnDeps) -> Sender:
-    from worker.app import create_app
-    from worker.app_names import TASK_RUN_TURN
-
-    app = _apps.get(id(deps))
-    if app is None:
-        app = _apps[id(deps)] = create_app(deps.settings)
-
-    def send(payload: dict[str, Any], queue: str, countdown: float) -> None:
-        app.send_task(TASK_RUN_TURN, args=[payload], queue=queue, countdown=countdown)
-
-    return send

@@ -27,7 +27,6 @@ many wait (``harness status``, and ``--follow`` says it once).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
@@ -36,8 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.options.spec import RunOptions, TurnPayload
-from worker.spend import parking
-from worker.store import lua
+from worker.store import lua, queued
 from worker.turn.deps import TurnDeps
 
 log = logging.getLogger(__name__)
@@ -199,21 +197,19 @@ def _wait(
         "since": since or now,
     }
     deps.store.update(run_id, slot_wait=wait)
-    key = deps.keys.turn_queued(run_id, turn)
-    text = deps.redis.get(key)
-    entry = json.loads(text) if text else {}
-    queue = str(entry.get("queue") or record.queue or "")
-    if entry:
+    entry = queued.read(deps.redis, deps.keys, run_id, turn)
+    queue = (entry.queue if entry else "") or record.queue or ""
+    if entry is not None:
         # The reaper sends a turn nobody took again after HARNESS_RESEND_AFTER_S: this one is
         # in the broker, counting down. Say when it was last sent, so it is not sent twice.
-        entry.setdefault("first_sent_at", entry.get("sent_at", now))
-        entry["sent_at"] = now + deps.settings.slot_retry_s
-        deps.redis.set(key, json.dumps(entry), ex=deps.settings.retention_s)
+        entry.sent_again(now + deps.settings.slot_retry_s).write(
+            deps.redis, deps.keys, run_id, turn, deps.settings.retention_s
+        )
     log.info(
         "turn.waiting_for_slot",
         extra={"run_id": run_id, "turn": turn, "grant": grant, "place": place},
     )
-    send = requeue or parking.sender(deps)
+    send = requeue or deps.send_turn
     send(payload.model_dump(), queue, deps.settings.slot_retry_s)
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.options.spec import RunOptions
-from worker.store import listing, lua
+from worker.store import listing, lua, queued
 from worker.store.keys import Keys, RedisClient
 from worker.store.status import FINISH_MOVES, RunStatus
 
@@ -399,12 +399,8 @@ class RunStore:
     def queued_since(self, run_id: str, turn: int) -> float | None:
         """When a turn no worker has taken yet was first sent (its queued entry, which the
         reaper rewrites when it sends the turn again), or None when there is no such entry."""
-        text = self.redis.get(self.keys.turn_queued(run_id, turn))
-        if not text:
-            return None
-        entry = json.loads(text)
-        first = entry.get("first_sent_at", entry.get("sent_at"))
-        return None if first is None else float(first)
+        entry = queued.read(self.redis, self.keys, run_id, turn)
+        return None if entry is None else entry.first_sent_at
 
     def expire(self, run_id: str, seconds: int) -> None:
         pipe = self.redis.pipeline()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from config import Settings
 from sandbox.base import Sandbox
 from worker.store.keys import Keys, SyncRedis
+from worker.store.queued import SendTurn
 from worker.store.records import RunStore
 
 
@@ -63,3 +64,9 @@ class TurnDeps:
     shutdown: Shutdown
     host_queues: dict[str, str] = dataclasses.field(default_factory=dict)
     """Per sandbox backend, the queue of the place this worker's sandboxes live."""
+    send_turn: SendTurn = dataclasses.field(default=lambda payload, queue, countdown: _no_broker())
+    """How a turn is sent to the broker: ``worker.app.turn_sender`` of the worker's app."""
+
+
+def _no_broker() -> None:
+    raise RuntimeError("this process has no broker to send a turn to (TurnDeps.send_turn)")
