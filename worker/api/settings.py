@@ -44,6 +44,10 @@ class ApiSettings(BaseSettings):
     webhook_backoff_s: float = Field(1.0, gt=0)
     """The first retry's delay, doubled at each retry up to 10 minutes."""
     webhook_poll_s: float = Field(0.5, gt=0)
+    """How often the API looks for new events to deliver and deliveries due."""
+    webhook_lease_s: float = Field(60.0, gt=0)
+    """A delivery being sent is due again after this if its process never says how it went
+    (it died): above HARNESS_WEBHOOK_TIMEOUT_S."""
 
     @field_validator("api_cors_origins", "webhook_schemes", "webhook_hosts", mode="before")
     @classmethod

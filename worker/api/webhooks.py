@@ -36,8 +36,6 @@ from worker.store.keys import Keys
 log = logging.getLogger("worker.api.webhooks")
 
 DELIVERED_TYPES = frozenset({*TERMINAL_TYPES, "permission-request"})
-LEASE_S = 60.0
-"""A claimed delivery is due again after this if its process never says how it went."""
 MAX_BACKOFF_S = 600.0
 END_GRACE_S = 5.0
 """A run's end is delivered this long after its record says so (its last terminal event is
@@ -175,7 +173,8 @@ class Dispatcher:
             msg_id
             for msg_id in due
             if await self._claim(
-                keys=[self.keys.webhooks("due")], args=[msg_id, now, now + LEASE_S]
+                keys=[self.keys.webhooks("due")],
+                args=[msg_id, now, now + self.settings.webhook_lease_s],
             )
         ]
         results = await asyncio.gather(*(self._send(msg_id) for msg_id in claimed))
