@@ -73,13 +73,36 @@ def _image_allowed(image: str, harness: str, allowed: tuple[str, ...]) -> bool:
 
 def resolve(options: RunOptions, settings: Settings) -> Resolved:
     """Apply operator policy to a producer's options, or raise InvalidInput naming the rule."""
+    sandbox, image = _sandbox_and_image(options, settings)
+    network = _network(options, settings)
+    executable = _executable(options, settings)
+    _check_grants(options, settings)
+    timeout = options.timeout_s or settings.turn_timeout_s
+    if timeout > settings.max_turn_timeout_s:
+        raise InvalidInput(
+            f"timeout {timeout:g}s exceeds the operator's ceiling of "
+            f"{settings.max_turn_timeout_s:g}s (HARNESS_MAX_TURN_TIMEOUT_S)"
+        )
+    memory, cpus, pids = _limits(options, settings)
+    if options.repo:
+        try:
+            check_repo_url(options.repo, settings.repo_schemes, settings.repo_hosts)
+        except SeedError as exc:
+            raise InvalidInput(
+                f"--repo: {exc} (operator policy HARNESS_REPO_SCHEMES, HARNESS_REPO_HOSTS)"
+            ) from None
+    warnings = capability_warnings(options)
+    permissions.check_posture(options, settings)
+    return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
+
+
+def _sandbox_and_image(options: RunOptions, settings: Settings) -> tuple[str, str | None]:
     harness = options.harness
     sandbox = options.sandbox or settings.sandbox
     if sandbox != settings.sandbox and not _allowed(sandbox, settings.allowed_sandboxes):
         raise InvalidInput(
             f"sandbox {sandbox!r} is not allowed (operator policy HARNESS_ALLOWED_SANDBOXES)"
         )
-
     configured = settings.image_for(harness)
     image = options.image or configured
     if (
@@ -93,7 +116,11 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
         )
     if sandbox == "docker" and not image:
         raise InvalidInput(f"no image is configured for {harness} (HARNESS_IMAGES)")
+    return sandbox, image
 
+
+def _network(options: RunOptions, settings: Settings) -> str:
+    harness = options.harness
     network = options.network or settings.network
     if not _allowed(network, settings.allowed_networks):
         raise InvalidInput(
@@ -107,9 +134,12 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
                 f"{harness}'s allowlist (operator policy HARNESS_EGRESS_ALLOW, "
                 "HARNESS_EGRESS_ALLOW_BASE_URL)"
             )
+    return network
 
+
+def _executable(options: RunOptions, settings: Settings) -> str | None:
     executable = options.executable
-    if harness == "stdio-json":
+    if options.harness == "stdio-json":
         if not executable:
             raise InvalidInput("the stdio-json harness needs --executable PATH")
         if not _allowed(executable, settings.allowed_executables):
@@ -119,7 +149,11 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
             )
     elif executable:
         raise InvalidInput("--executable is only accepted for the stdio-json harness")
+    return executable
 
+
+def _check_grants(options: RunOptions, settings: Settings) -> None:
+    harness = options.harness
     allowed_grants = settings.grants.get(harness, ())
     for name in options.grants:
         if name.startswith(RESERVED_PREFIX):
@@ -129,13 +163,9 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
                 f"grant {name!r} is not allowed for {harness} (operator policy HARNESS_GRANTS)"
             )
 
-    timeout = options.timeout_s or settings.turn_timeout_s
-    if timeout > settings.max_turn_timeout_s:
-        raise InvalidInput(
-            f"timeout {timeout:g}s exceeds the operator's ceiling of "
-            f"{settings.max_turn_timeout_s:g}s (HARNESS_MAX_TURN_TIMEOUT_S)"
-        )
 
+def _limits(options: RunOptions, settings: Settings) -> tuple[str, float, int]:
+    """The container's memory, CPUs and pids, within the operator's ceilings."""
     memory = options.memory or settings.memory
     if options.memory is not None:
         wanted = memory_bytes(options.memory)
@@ -161,16 +191,7 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
             f"pids {options.pids} exceeds the operator's ceiling of {settings.max_pids} "
             "(HARNESS_MAX_PIDS)"
         )
-    if options.repo:
-        try:
-            check_repo_url(options.repo, settings.repo_schemes, settings.repo_hosts)
-        except SeedError as exc:
-            raise InvalidInput(
-                f"--repo: {exc} (operator policy HARNESS_REPO_SCHEMES, HARNESS_REPO_HOSTS)"
-            ) from None
-    warnings = capability_warnings(options)
-    permissions.check_posture(options, settings)
-    return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
+    return memory, cpus, pids
 
 
 def egress_config(settings: Settings) -> EgressConfig:

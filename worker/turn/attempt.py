@@ -104,97 +104,132 @@ def drive(
     With a ``gate`` (``--posture ask``) the harness's permission requests are published and
     answered here; while one waits the turn and idle timeouts stand still (the gate's own
     deadline runs instead)."""
-    stderr = bytearray()
+    loop = _ReadLoop(process, driver, out, limits, should_stop, gate)
     out.send(driver.start())  # empty when the caller already published turn-started
-    last_output = time.monotonic()
-    terminal_at: float | None = None
-    next_check = 0.0
-    stop: SessionError | None = None
-    previous = last_output
     try:
-        while True:
-            now = time.monotonic()
-            if gate is not None and gate.waiting:
-                limits.deadline += now - previous
-                last_output = now
-            previous = now
-            if driver.done:
-                if terminal_at is None and gate is not None:
-                    gate.turn_over()
-                terminal_at = terminal_at or now
-                if process.eof or now - terminal_at >= limits.exit_grace_s:
-                    break
-            else:
-                timed_out = now >= limits.deadline or now - last_output >= limits.idle_s
-                if timed_out or now >= next_check:
-                    # A cancel (or shutdown) that came in while we were busy wins over a
-                    # timeout that expired meanwhile: it is what the producer asked for.
-                    next_check = now + POLL_S
-                    stop = should_stop()
-                    if stop is None and gate is not None:
-                        out.send(gate.poll())
-                if stop is None and now >= limits.deadline:
-                    stop = session_error("the turn timed out", "timeout")
-                elif stop is None and now - last_output >= limits.idle_s:
-                    stop = session_error(
-                        f"the harness produced no output for {limits.idle_s:g}s", "timeout"
-                    )
-                if stop is not None:
-                    break
-                if process.eof:
-                    break
-            chunk = process.read(POLL_S)
-            if chunk is None:
-                continue
-            last_output = time.monotonic()
-            # Take whatever else has already arrived (never waiting for more) and publish it
-            # as one batch: a Docker exec delivers output in frames of a few KiB, and one
-            # round trip per frame cost more than the events in it.
-            stdout: list[bytes] = []
-            size = 0
-            while chunk is not None:
-                if chunk.stream == "stdout":
-                    stdout.append(chunk.data)
-                    size += len(chunk.data)
-                else:
-                    stderr += chunk.data
-                    if len(stderr) > STDERR_KEEP:
-                        del stderr[: len(stderr) - STDERR_KEEP]
-                chunk = process.read(0) if size < BATCH_BYTES else None
-            if stdout:
-                events = driver.feed(stdout[0] if len(stdout) == 1 else b"".join(stdout))
-                out.send([e for e in events if not e.terminal])
-                if gate is not None:
-                    out.send(gate.collect())
-                if out.halt is not None and not driver.done:
-                    stop = out.halt  # a budget crossed: stopped at once, as a cancel is
-                    break
+        while not loop.should_break() and not loop.read():
+            pass
     finally:
-        if gate is not None:
-            # Before the process is stopped: what is pending is denied, and the harness told.
+        exit_code = loop.stop_process()
+    return loop.outcome(exit_code)
+
+
+class _ReadLoop:
+    """The state of :func:`drive` between its steps: when output last came, when the
+    terminal did, why the turn stops, the stderr tail."""
+
+    def __init__(
+        self,
+        process: Process,
+        driver: StreamDriver,
+        out: Publishing,
+        limits: Limits,
+        should_stop: Callable[[], SessionError | None],
+        gate: Gate | None,
+    ) -> None:
+        self.process, self.driver, self.out, self.limits = process, driver, out, limits
+        self.should_stop, self.gate = should_stop, gate
+        self.stderr = bytearray()
+        self.last_output = self.previous = time.monotonic()
+        self.terminal_at: float | None = None
+        self.next_check = 0.0
+        self.stop: SessionError | None = None
+
+    def should_break(self) -> bool:
+        """Time passes: the terminal's exit grace, a stop asked for, a timeout, EOF."""
+        now = time.monotonic()
+        gate, limits = self.gate, self.limits
+        if gate is not None and gate.waiting:
+            limits.deadline += now - self.previous
+            self.last_output = now
+        self.previous = now
+        if self.driver.done:
+            if self.terminal_at is None and gate is not None:
+                gate.turn_over()
+            self.terminal_at = self.terminal_at or now
+            return self.process.eof or now - self.terminal_at >= limits.exit_grace_s
+        timed_out = now >= limits.deadline or now - self.last_output >= limits.idle_s
+        if timed_out or now >= self.next_check:
+            # A cancel (or shutdown) that came in while we were busy wins over a timeout
+            # that expired meanwhile: it is what the producer asked for.
+            self.next_check = now + POLL_S
+            self.stop = self.should_stop()
+            if self.stop is None and gate is not None:
+                self.out.send(gate.poll())
+        if self.stop is None and now >= limits.deadline:
+            self.stop = session_error("the turn timed out", "timeout")
+        elif self.stop is None and now - self.last_output >= limits.idle_s:
+            self.stop = session_error(
+                f"the harness produced no output for {limits.idle_s:g}s", "timeout"
+            )
+        return self.stop is not None or self.process.eof
+
+    def read(self) -> bool:
+        """Read what has arrived and publish it. True when a budget crossed stops the turn."""
+        process = self.process
+        chunk = process.read(POLL_S)
+        if chunk is None:
+            return False
+        self.last_output = time.monotonic()
+        # Take whatever else has already arrived (never waiting for more) and publish it as
+        # one batch: a Docker exec delivers output in frames of a few KiB, and one round trip
+        # per frame cost more than the events in it.
+        stdout: list[bytes] = []
+        size = 0
+        stderr = self.stderr
+        while chunk is not None:
+            if chunk.stream == "stdout":
+                stdout.append(chunk.data)
+                size += len(chunk.data)
+            else:
+                stderr += chunk.data
+                if len(stderr) > STDERR_KEEP:
+                    del stderr[: len(stderr) - STDERR_KEEP]
+            chunk = process.read(0) if size < BATCH_BYTES else None
+        if not stdout:
+            return False
+        out, driver = self.out, self.driver
+        events = driver.feed(stdout[0] if len(stdout) == 1 else b"".join(stdout))
+        out.send([e for e in events if not e.terminal])
+        if self.gate is not None:
+            out.send(self.gate.collect())
+        if out.halt is not None and not driver.done:
+            self.stop = out.halt  # a budget crossed: stopped at once, as a cancel is
+            return True
+        return False
+
+    def stop_process(self) -> int | None:
+        """Close the gate (what is pending is denied, the harness told), then let the process
+        exit or kill it. Its exit code."""
+        out, limits, process = self.out, self.limits, self.process
+        if self.gate is not None:
             try:
-                out.send(gate.close(stop))
+                out.send(self.gate.close(self.stop))
             except Exception:  # the process must be stopped whatever happened
                 log.exception("permission.close_failed", extra={"stream": out.publisher.key})
-        ending = stop is None and process.eof
+        ending = self.stop is None and process.eof
         exit_code = process.wait(min(EXIT_AFTER_EOF_S, limits.exit_grace_s) if ending else 0)
         if exit_code is None:
             process.kill(grace=limits.kill_grace_s)
             exit_code = process.wait(limits.kill_grace_s + 5)
-    tail = stderr.decode("utf-8", errors="replace")
-    if stop is not None:
-        events = driver.fail(
-            stop.model_copy(update={"exit_code": exit_code, "stderr_tail": tail[-2000:]})
-        )
-    else:
-        events = driver.finish(ExitInfo(exit_code, tail))
-    out.send([e for e in events if not e.terminal])
-    _log_counters(driver, out.publisher)
-    terminal = driver.terminal
-    assert terminal is not None  # finish() and fail() always leave one
-    if isinstance(terminal, TurnComplete | SessionError) and terminal.exit_code is None:
-        terminal = terminal.model_copy(update={"exit_code": exit_code})
-    return Outcome(terminal, exit_code, tail)
+        return exit_code
+
+    def outcome(self, exit_code: int | None) -> Outcome:
+        driver, out = self.driver, self.out
+        tail = self.stderr.decode("utf-8", errors="replace")
+        if self.stop is not None:
+            events = driver.fail(
+                self.stop.model_copy(update={"exit_code": exit_code, "stderr_tail": tail[-2000:]})
+            )
+        else:
+            events = driver.finish(ExitInfo(exit_code, tail))
+        out.send([e for e in events if not e.terminal])
+        _log_counters(driver, out.publisher)
+        terminal = driver.terminal
+        assert terminal is not None  # finish() and fail() always leave one
+        if isinstance(terminal, TurnComplete | SessionError) and terminal.exit_code is None:
+            terminal = terminal.model_copy(update={"exit_code": exit_code})
+        return Outcome(terminal, exit_code, tail)
 
 
 def _log_counters(driver: StreamDriver, publisher: RedisStreamPublisher) -> None:

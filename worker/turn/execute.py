@@ -45,6 +45,7 @@ from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoi
 from worker.errors import InvalidInput, RunNotFound
 from worker.observe import logs, metrics
 from worker.options.policy import (
+    Resolved,
     check_input,
     egress_allowlist,
     fit_request,
@@ -123,203 +124,326 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
 
 
 def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLife) -> str:
-    run_id, turn, settings = payload.run_id, payload.turn, deps.settings
-    wait = life.patience.call
-    adapter = adapters.get(options.harness)
-    out = attempt.Publishing(
-        RedisStreamPublisher(deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen)
-    )
-    life.usage = out.usage.as_tuple
-    header = TurnStarted(harness=options.harness, attempt=1, input_chars=len(payload.input))
+    """The steps of a claimed turn: admit it, prepare its workspace and sandbox, run the
+    harness (again, fresh, when its resume is rejected), record what it did, and close."""
+    run = _TurnRun(deps, payload, options, life)
+    admitted = run.admit()
+    if isinstance(admitted, str):
+        return admitted
+    record, resolved, secrets = admitted
+    prepared = run.prepare(record, resolved)
+    if isinstance(prepared, str):
+        return prepared
+    sandbox, placement, work = prepared
+    request = run.request(record, resolved, placement, secrets)
+    terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
+    return run.finish(terminal, driver, record, resolved, sandbox, work)
 
-    def started() -> None:
+
+class _Refused(Exception):
+    """A step refused the turn; ``label`` is the turn's outcome, already closed."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+
+class _TurnRun:
+    """One claimed turn's state across its steps (:func:`_run`)."""
+
+    def __init__(
+        self, deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLife
+    ) -> None:
+        self.deps, self.payload, self.options, self.life = deps, payload, options, life
+        self.run_id, self.turn = payload.run_id, payload.turn
+        self.wait = life.patience.call
+        self.adapter = adapters.get(options.harness)
+        self.out = attempt.Publishing(self._publisher(Masker()))
+        life.usage = self.out.usage.as_tuple
+        self.header = TurnStarted(
+            harness=options.harness, attempt=1, input_chars=len(payload.input)
+        )
+        self.guard: budgets.Guard | None = None
+        self.work_began = 0.0
+
+    def _publisher(self, masker: Masker) -> RedisStreamPublisher:
+        deps = self.deps
+        return RedisStreamPublisher(
+            deps.redis,
+            deps.keys,
+            self.run_id,
+            self.turn,
+            maxlen=deps.settings.stream_maxlen,
+            masker=masker,
+        )
+
+    def started(self) -> None:
         """The turn has published its ``turn-started``: its terminal continues that stream,
         after the rewinds done since the last turn."""
-        life.publisher = out.publisher
-        out.send(wait(lambda: workspace_steps.take_rewinds(deps.redis, deps.keys, run_id)))
-
-    def refuse(error: SessionError, *, run_status: RunStatus = "idle") -> str:
-        out.send([header])
-        started()
-        return _close(payload, out, life, error, run_status=run_status, final_text=None)
-
-    if wait(lambda: deps.redis.exists(deps.keys.cancel(run_id, turn))):
-        return refuse(session_error("the turn was cancelled before it started", "cancelled"))
-    try:
-        resolved = resolve(options, settings)
-        check_input(payload.input, settings)
-        secrets = resolve_secrets(options, settings)
-    except InvalidInput as exc:
-        return refuse(
-            session_error(str(exc), "invalid-input"), run_status=_status_after_refusal(turn)
+        deps = self.deps
+        self.life.publisher = self.out.publisher
+        self.out.send(
+            self.wait(lambda: workspace_steps.take_rewinds(deps.redis, deps.keys, self.run_id))
         )
-    record = wait(lambda: deps.store.record(run_id))
-    over = budgets.refusal(record, settings)
-    if over is not None:
-        wait(lambda: deps.store.update(run_id, budget_exceeded=over.exceeded))
-        return refuse(over.error("before the turn"))
-    guard = budgets.Guard(record, settings)
-    if guard.active:
-        out.guard = guard.on_event
-    secrets[CREDENTIAL_ENV] = life.issue_credential()
-    logs.mask(secrets)
-    out.publisher = RedisStreamPublisher(
-        deps.redis, deps.keys, run_id, turn, maxlen=settings.stream_maxlen, masker=Masker(secrets)
-    )
 
-    sandbox = deps.sandbox_for(resolved.sandbox)
-    host_queue = deps.host_queues.get(sandbox.backend) or record.queue
-    if host_queue != record.queue:
-        # Before the container exists: should this worker die while it is made, the run's
-        # next turn must come to this host (and find it), not start a second one elsewhere.
-        wait(lambda: deps.store.update(run_id, queue=host_queue))
-    work = workspace_steps.run_workspace(sandbox, run_id, options, settings)
-    workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
-    if turn == 1:
+    def refuse(self, error: SessionError, *, run_status: RunStatus = "idle") -> str:
+        self.out.send([self.header])
+        self.started()
+        return _close(
+            self.payload, self.out, self.life, error, run_status=run_status, final_text=None
+        )
+
+    # -- admit: cancelled, policy, input, budget; then the credential -----------------------
+
+    def admit(self) -> str | tuple[RunRecord, Resolved, dict[str, str]]:
+        deps, settings, run_id = self.deps, self.deps.settings, self.run_id
+        if self.wait(lambda: deps.redis.exists(deps.keys.cancel(run_id, self.turn))):
+            return self.refuse(
+                session_error("the turn was cancelled before it started", "cancelled")
+            )
         try:
-            seeded = workspace_steps.seed_first_turn(deps, run_id, work, options)
+            resolved = resolve(self.options, settings)
+            check_input(self.payload.input, settings)
+            secrets = resolve_secrets(self.options, settings)
         except InvalidInput as exc:
-            life.revoke_credential()
-            return refuse(session_error(str(exc), "invalid-input"), run_status="failed")
-        if seeded is not None:
-            wait(lambda: deps.store.update(run_id, **seeded))
-    lease_until = time.time() + settings.run_lease_s
-    try:
-        placement = sandbox.prepare(
-            RunSpec(
-                run_id=run_id,
-                image=resolved.image,
-                network=resolved.network,  # type: ignore[arg-type]
-                limits=Limits(resolved.memory, resolved.cpus, resolved.pids),
-                user=settings.container_user,
-                read_only_root=settings.read_only_root,
-                workspace_key=options.workspace,
-                labels={
-                    LABEL_WORKER: deps.worker_id,
-                    LABEL_LEASE: f"{lease_until:.0f}",
-                    **_egress_labels(resolved.network, options),
+            return self.refuse(
+                session_error(str(exc), "invalid-input"),
+                run_status=_status_after_refusal(self.turn),
+            )
+        record = self.wait(lambda: deps.store.record(run_id))
+        over = budgets.refusal(record, settings)
+        if over is not None:
+            self.wait(lambda: deps.store.update(run_id, budget_exceeded=over.exceeded))
+            return self.refuse(over.error("before the turn"))
+        self.guard = budgets.Guard(record, settings)
+        if self.guard.active:
+            self.out.guard = self.guard.on_event
+        secrets[CREDENTIAL_ENV] = self.life.issue_credential()
+        logs.mask(secrets)
+        self.out.publisher = self._publisher(Masker(secrets))
+        return record, resolved, secrets
+
+    # -- prepare: the run's host, its workspace (seeded on turn 1), its sandbox ---------------
+
+    def prepare(
+        self, record: RunRecord, resolved: Resolved
+    ) -> str | tuple[Sandbox, Placement, workspace_steps.RunWorkspace]:
+        deps, run_id = self.deps, self.run_id
+        sandbox = deps.sandbox_for(resolved.sandbox)
+        host_queue = deps.host_queues.get(sandbox.backend) or record.queue
+        if host_queue != record.queue:
+            # Before the container exists: should this worker die while it is made, the run's
+            # next turn must come to this host (and find it), not start a second one elsewhere.
+            self.wait(lambda: deps.store.update(run_id, queue=host_queue))
+        work = workspace_steps.run_workspace(sandbox, run_id, self.options, deps.settings)
+        workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
+        if self.turn == 1:
+            try:
+                seeded = workspace_steps.seed_first_turn(deps, run_id, work, self.options)
+            except InvalidInput as exc:
+                self.life.revoke_credential()
+                return self.refuse(session_error(str(exc), "invalid-input"), run_status="failed")
+            if seeded is not None:
+                self.wait(lambda: deps.store.update(run_id, **seeded))
+        try:
+            placement = self._place(sandbox, resolved, record)
+        except _Refused as refused:
+            return refused.label
+        self._record_placement(placement, resolved)
+        return sandbox, placement, work
+
+    def _place(self, sandbox: Sandbox, resolved: Resolved, record: RunRecord) -> Placement:
+        deps, settings, run_id, options = self.deps, self.deps.settings, self.run_id, self.options
+        lease_until = time.time() + settings.run_lease_s
+        self.lease_until = lease_until
+        try:
+            placement = sandbox.prepare(
+                RunSpec(
+                    run_id=run_id,
+                    image=resolved.image,
+                    network=resolved.network,  # type: ignore[arg-type]
+                    limits=Limits(resolved.memory, resolved.cpus, resolved.pids),
+                    user=settings.container_user,
+                    read_only_root=settings.read_only_root,
+                    workspace_key=options.workspace,
+                    labels={
+                        LABEL_WORKER: deps.worker_id,
+                        LABEL_LEASE: f"{lease_until:.0f}",
+                        **_egress_labels(resolved.network, options),
+                    },
+                )
+            )
+            sandbox.renew(run_id, lease_until)
+        except SandboxError as exc:
+            log.warning(
+                "sandbox.prepare_failed",
+                extra={
+                    "run_id": run_id,
+                    "turn": self.turn,
+                    "backend": sandbox.backend,
+                    "error": str(exc),
                 },
             )
-        )
-        sandbox.renew(run_id, lease_until)
-    except SandboxError as exc:
-        log.warning(
-            "sandbox.prepare_failed",
-            extra={"run_id": run_id, "turn": turn, "backend": sandbox.backend, "error": str(exc)},
-        )
-        first_and_alone = turn == 1 and not record.container_id
-        if first_and_alone:
-            # Nothing of the run exists yet but what this attempt left: remove it.
-            sandbox.teardown(run_id, keep_workspace=options.workspace is not None)
-            life.revoke_credential()
-        return refuse(
-            session_error(f"the sandbox could not be prepared: {exc}", "sandbox"),
-            run_status="failed" if first_and_alone else "idle",
-        )
-    wait(lambda: deps.store.mark_running(run_id))
-    wait(
-        lambda: deps.store.update(
-            run_id,
-            container_id=placement.container_id,
-            lease_until=lease_until,
-            sandbox=placement.backend,
-            network=resolved.network,
-            egress_allow=(
-                egress_allowlist(settings, options.harness, options.base_url)
-                if resolved.network == "egress"
-                else None
-            ),
-        )
-    )
-    log.info(
-        "sandbox.ready",
-        extra={"backend": placement.backend, "container": placement.container_id},
-    )
+            first_and_alone = self.turn == 1 and not record.container_id
+            if first_and_alone:
+                # Nothing of the run exists yet but what this attempt left: remove it.
+                sandbox.teardown(run_id, keep_workspace=options.workspace is not None)
+                self.life.revoke_credential()
+            raise _Refused(
+                self.refuse(
+                    session_error(f"the sandbox could not be prepared: {exc}", "sandbox"),
+                    run_status="failed" if first_and_alone else "idle",
+                )
+            ) from exc
+        return placement
 
-    request = fit_request(
-        _request(options, payload, placement, record, resolved.executable, secrets),
-        adapter.CAPABILITIES,
-    )
-    if resolved.warnings and turn == 1:
-        warnings = list(resolved.warnings)
-        wait(lambda: deps.store.update(run_id, warnings=warnings))
-        log.warning("turn.policy_not_enforced", extra={"run_id": run_id, "warnings": warnings})
-
-    deadline = time.monotonic() + resolved.timeout_s
-    limits = attempt.Limits(
-        deadline,
-        settings.idle_timeout_s,
-        settings.exit_grace_s,
-        settings.kill_grace_s,
-        settings.max_line_bytes,
-    )
-    stop = guard.stop_check(life.stop_check(), out)
-
-    work_began = time.time()
-    gate = permissions.gate_for(deps, run_id, turn, options, out.publisher.masker)
-    outcome, driver = _attempt(
-        adapter, request, sandbox, placement, secrets, out, limits, stop, 1, started, gate
-    )
-    terminal = _explain_kill(outcome.terminal, sandbox, run_id)
-    if (
-        isinstance(terminal, SessionError)
-        and request.resume_session
-        and driver.state.resume_rejected
-    ):
-        log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": turn})
-        replayed = _replay_text(wait(lambda: deps.store.transcript(run_id)))
-        fresh = dataclasses.replace(
-            request,
-            resume_session=None,
-            input=f"{replayed}{request.input}" if replayed else request.input,
+    def _record_placement(self, placement: Placement, resolved: Resolved) -> None:
+        deps, settings, run_id = self.deps, self.deps.settings, self.run_id
+        self.wait(lambda: deps.store.mark_running(run_id))
+        egress_allow = (
+            egress_allowlist(settings, self.options.harness, self.options.base_url)
+            if resolved.network == "egress"
+            else None
         )
-        if replayed:
-            out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
-        outcome, driver = _attempt(
-            adapter, fresh, sandbox, placement, secrets, out, limits, stop, 2, started, gate
+        self.wait(
+            lambda: deps.store.update(
+                run_id,
+                container_id=placement.container_id,
+                lease_until=self.lease_until,
+                sandbox=placement.backend,
+                network=resolved.network,
+                egress_allow=egress_allow,
+            )
         )
-        terminal = outcome.terminal
-
-    if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
-        # This worker is going away; the run keeps its container and host queue, and its
-        # next turn waits for a worker there. The credential goes with this worker.
-        life.revoke_credential()
-    if isinstance(terminal, SessionError) and terminal.reason == "sandbox":
-        log.warning(
-            "sandbox.turn_failed", extra={"run_id": run_id, "turn": turn, "error": terminal.error}
+        log.info(
+            "sandbox.ready",
+            extra={"backend": placement.backend, "container": placement.container_id},
         )
 
-    if resolved.network == "egress":
-        _publish_denials(sandbox, run_id, work_began, out, options.harness)
-    if settings.snapshots or options.push_branch:
-        change = workspace_steps.after_turn(work, turn, payload.input, options, settings)
-        out.send([change])
-        if change.snapshot:
-            wait(lambda: deps.store.update(run_id, snapshot=change.snapshot))
-    final_text = terminal.text if isinstance(terminal, TurnComplete) else None
-    refused_next = guard.next_turn_refusal(out.usage) is not None
-    parked = parking.park(deps, payload, options, record, terminal, refused_next)
-    if parked is not None:
-        out.send([parked.event])  # before the terminal: the turn's retry is scheduled
-    spend = guard.changes()
-    if not out.sessions and driver.state.session_id:
-        # A turn stopped before the harness published its session (a budget, a cancel, a
-        # timeout; gemini names it only with its result): the id the harness announced is
-        # still what the next turn resumes.
-        spend["session_id"] = out.publisher.masker.mask(driver.state.session_id)
-    label = _close(
-        payload,
-        out,
-        life,
-        terminal,
-        run_status="parked" if parked is not None else "idle",
-        final_text=final_text,
-        carry=driver.state.carry,
-        spend=spend,
-    )
-    if parked is not None:
-        parking.dispatch(deps, parked)
-    return label
+    def request(
+        self,
+        record: RunRecord,
+        resolved: Resolved,
+        placement: Placement,
+        secrets: dict[str, str],
+    ) -> TurnRequest:
+        request = fit_request(
+            _request(self.options, self.payload, placement, record, resolved.executable, secrets),
+            self.adapter.CAPABILITIES,
+        )
+        if resolved.warnings and self.turn == 1:
+            warnings = list(resolved.warnings)
+            self.wait(lambda: self.deps.store.update(self.run_id, warnings=warnings))
+            log.warning(
+                "turn.policy_not_enforced", extra={"run_id": self.run_id, "warnings": warnings}
+            )
+        return request
+
+    # -- run the harness: once, and again fresh when its resume is rejected -------------------
+
+    def run_harness(
+        self,
+        request: TurnRequest,
+        sandbox: Sandbox,
+        placement: Placement,
+        secrets: dict[str, str],
+        resolved: Resolved,
+    ) -> tuple[Event, StreamDriver]:
+        deps, settings, out, run_id = self.deps, self.deps.settings, self.out, self.run_id
+        assert self.guard is not None
+        limits = attempt.Limits(
+            time.monotonic() + resolved.timeout_s,
+            settings.idle_timeout_s,
+            settings.exit_grace_s,
+            settings.kill_grace_s,
+            settings.max_line_bytes,
+        )
+        stop = self.guard.stop_check(self.life.stop_check(), out)
+        self.work_began = time.time()
+        gate = permissions.gate_for(deps, run_id, self.turn, self.options, out.publisher.masker)
+
+        def one(req: TurnRequest, number: int) -> tuple[attempt.Outcome, StreamDriver]:
+            return _attempt(
+                self.adapter, req, sandbox, placement, secrets, out, limits, stop, number,
+                self.started, gate,
+            )  # fmt: skip
+
+        outcome, driver = one(request, 1)
+        terminal = _explain_kill(outcome.terminal, sandbox, run_id)
+        if (
+            isinstance(terminal, SessionError)
+            and request.resume_session
+            and driver.state.resume_rejected
+        ):
+            log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": self.turn})
+            replayed = _replay_text(self.wait(lambda: deps.store.transcript(run_id)))
+            fresh = dataclasses.replace(
+                request,
+                resume_session=None,
+                input=f"{replayed}{request.input}" if replayed else request.input,
+            )
+            if replayed:
+                out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
+            outcome, driver = one(fresh, 2)
+            terminal = outcome.terminal
+        return terminal, driver
+
+    # -- finish: what the turn did, then its one terminal -----------------------------------
+
+    def finish(
+        self,
+        terminal: Event,
+        driver: StreamDriver,
+        record: RunRecord,
+        resolved: Resolved,
+        sandbox: Sandbox,
+        work: workspace_steps.RunWorkspace,
+    ) -> str:
+        deps, settings, out, run_id, turn = (
+            self.deps, self.deps.settings, self.out, self.run_id, self.turn
+        )  # fmt: skip
+        assert self.guard is not None
+        if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
+            # This worker is going away; the run keeps its container and host queue, and its
+            # next turn waits for a worker there. The credential goes with this worker.
+            self.life.revoke_credential()
+        if isinstance(terminal, SessionError) and terminal.reason == "sandbox":
+            log.warning(
+                "sandbox.turn_failed",
+                extra={"run_id": run_id, "turn": turn, "error": terminal.error},
+            )
+        if resolved.network == "egress":
+            _publish_denials(sandbox, run_id, self.work_began, out, self.options.harness)
+        if settings.snapshots or self.options.push_branch:
+            change = workspace_steps.after_turn(
+                work, turn, self.payload.input, self.options, settings
+            )
+            out.send([change])
+            if change.snapshot:
+                self.wait(lambda: deps.store.update(run_id, snapshot=change.snapshot))
+        final_text = terminal.text if isinstance(terminal, TurnComplete) else None
+        refused_next = self.guard.next_turn_refusal(out.usage) is not None
+        parked = parking.park(deps, self.payload, self.options, record, terminal, refused_next)
+        if parked is not None:
+            out.send([parked.event])  # before the terminal: the turn's retry is scheduled
+        spend = self.guard.changes()
+        if not out.sessions and driver.state.session_id:
+            # A turn stopped before the harness published its session (a budget, a cancel, a
+            # timeout; gemini names it only with its result): the id the harness announced is
+            # still what the next turn resumes.
+            spend["session_id"] = out.publisher.masker.mask(driver.state.session_id)
+        label = _close(
+            self.payload,
+            out,
+            self.life,
+            terminal,
+            run_status="parked" if parked is not None else "idle",
+            final_text=final_text,
+            carry=driver.state.carry,
+            spend=spend,
+        )
+        if parked is not None:
+            parking.dispatch(deps, parked)
+        return label
 
 
 def _egress_labels(network: str, options: RunOptions) -> dict[str, str]:
