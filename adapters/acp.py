@@ -210,7 +210,7 @@ def _request(message: dict[str, Any], state: AdapterState, acp: Client) -> None:
     call_id = coerce.text(call.get("toolCallId"))
     tool = _track(call_id, call, acp)
     options = {}
-    for option in params.get("options") or []:
+    for option in coerce.items(params.get("options")):
         option = coerce.mapping(option)
         kind, option_id = coerce.nonempty(option.get("kind")), option.get("optionId")
         if kind and isinstance(option_id, str) and kind not in options:
@@ -221,7 +221,7 @@ def _request(message: dict[str, Any], state: AdapterState, acp: Client) -> None:
     )
     text = " ".join(
         coerce.text(coerce.mapping(c.get("content")).get("text"))
-        for c in map(coerce.mapping, call.get("content") or [])
+        for c in map(coerce.mapping, coerce.items(call.get("content")))
     ).strip()
     state.asks.append(
         Ask(
@@ -242,7 +242,10 @@ def _track(call_id: str, update: dict[str, Any], acp: Client) -> Tool:
     raw = update.get("rawInput")
     if isinstance(raw, dict) and raw:
         tool.raw_input = {k: v for k, v in raw.items() if k != "cwd"} or tool.raw_input
-    paths = [coerce.text(coerce.mapping(loc).get("path")) for loc in update.get("locations") or []]
+    paths = [
+        coerce.text(coerce.mapping(loc).get("path"))
+        for loc in coerce.items(update.get("locations"))
+    ]
     tool.paths = [p for p in paths if p] or tool.paths
     return tool
 
@@ -306,7 +309,7 @@ def _usage(result: dict[str, Any], state: AdapterState) -> Usage:
         )
     quota = coerce.mapping(coerce.mapping(result.get("_meta")).get("quota"))  # gemini 0.61.0
     tokens = coerce.mapping(quota.get("token_count"))
-    models = [coerce.mapping(m) for m in quota.get("model_usage") or []]
+    models = [coerce.mapping(m) for m in coerce.items(quota.get("model_usage"))]
     spent = {
         coerce.text(m.get("model")): sum(
             coerce.count(v) for v in coerce.mapping(m.get("token_count")).values()

@@ -138,7 +138,7 @@ def _assistant(message: dict[str, Any], state: State) -> list[Event]:
     body = message.get("message")
     if not isinstance(body, dict):
         return []
-    blocks = [b for b in body.get("content") or [] if isinstance(b, dict)]
+    blocks = [b for b in coerce.items(body.get("content")) if isinstance(b, dict)]
     if body.get("model") == _SYNTHETIC_MODEL or message.get("is_api_error_message"):
         texts = [
             b["text"] for b in blocks if b.get("type") == "text" and coerce.nonempty(b.get("text"))
@@ -225,7 +225,7 @@ def _usage(message: dict[str, Any], state: State) -> Usage:
 
 
 def _result(message: dict[str, Any], state: State) -> list[Event]:
-    errors = [e for e in message.get("errors") or [] if isinstance(e, str)]
+    errors = [e for e in coerce.items(message.get("errors")) if isinstance(e, str)]
     text = coerce.nonempty(message.get("result")) or ""
     failed = message.get("is_error") is True  # 2.1.328 can say subtype "success" with it
     if failed and any(_STALE.search(e) for e in [*errors, text]):
@@ -235,7 +235,7 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
     usage = _usage(message, state)
     if usage.input_tokens or usage.output_tokens or usage.cost_usd:
         out.append(usage)
-    for denial in message.get("permission_denials") or []:
+    for denial in coerce.items(message.get("permission_denials")):
         if isinstance(denial, dict):
             tool_id, name = (
                 coerce.nonempty(denial.get("tool_use_id")) or "",

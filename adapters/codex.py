@@ -147,7 +147,7 @@ def _item(item: dict[str, Any], state: State) -> list[Event]:
             kind="command", description=coerce.nonempty(item.get("command")) or ""
         )
     elif kind == "file_change":
-        changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
+        changes = [c for c in coerce.items(item.get("changes")) if isinstance(c, dict)]
         paths = ", ".join(f"{c.get('kind', 'update')} {c.get('path', '')}" for c in changes)
         activity = SandboxActivity(kind="file", description=paths or "file change")
     elif kind == "mcp_tool_call":

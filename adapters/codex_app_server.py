@@ -224,7 +224,7 @@ def _request(message: dict[str, Any], state: AdapterState, ch: Channel) -> None:
 
 
 def _paths(item: dict[str, Any]) -> str:
-    changes = [coerce.mapping(c) for c in item.get("changes") or []]
+    changes = [coerce.mapping(c) for c in coerce.items(item.get("changes"))]
     return ", ".join(
         f"{coerce.text(coerce.mapping(c.get('kind')).get('type')) or 'update'} "
         f"{coerce.text(c.get('path'))}"

@@ -27,3 +27,8 @@ def nonempty(value: Any) -> str | None:
 def mapping(value: Any) -> dict[str, Any]:
     """A JSON object, else an empty one."""
     return value if isinstance(value, dict) else {}
+
+
+def items(value: Any) -> list[Any]:
+    """A JSON array, else an empty one (a string or an object is no list of items)."""
+    return value if isinstance(value, list) else []

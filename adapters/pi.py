@@ -207,7 +207,7 @@ def _assistant(message: dict[str, Any], state: State) -> list[Event]:
     repeats the running partial usage), its stop reason."""
     state.model = coerce.text(message.get("model")) or state.model
     events = session_events(state)
-    blocks = [coerce.mapping(b) for b in message.get("content") or []]
+    blocks = [coerce.mapping(b) for b in coerce.items(message.get("content"))]
     state.last_text = "".join(coerce.text(b.get("text")) for b in blocks if b.get("type") == "text")
     if state.last_text:
         events.append(AssistantText(text=state.last_text))

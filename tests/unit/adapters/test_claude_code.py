@@ -324,3 +324,11 @@ def test_granted_secrets_are_never_set_by_the_adapter() -> None:
 
 def test_policy_warning_is_none_for_enforced_postures() -> None:
     assert adapter.policy_warning(TurnRequest(input="q", posture="strict", allow=("Read",))) is None
+
+
+def test_a_result_whose_lists_are_not_lists_reads_them_as_empty() -> None:
+    # Found by the mutation test: `"errors": true` used to raise inside the mapper.
+    state = adapter.new_state(TurnRequest(input="q"))
+    message = {"type": "result", "is_error": True, "errors": True, "permission_denials": "x"}
+    [error] = adapter.map_message({**message, "result": "boom"}, state)
+    assert (error.type, error.error) == ("session-error", "boom")
