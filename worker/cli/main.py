@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -20,6 +21,7 @@ from worker.cli import permissions as cli_permissions
 from worker.cli import spend as cli_spend
 from worker.cli import workspace as cli_workspace
 from worker.cli.render import Renderer
+from worker.cli.session import Handler, Session
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
 from worker.options.policy import not_utf8
 
@@ -145,44 +147,67 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
     )
+    command = functools.partial(_add_command, sub)
+    _add_run(command)
+    _add_turn(command)
+    _add_reading(command)
+    _add_stopping(command)
+    cli_workspace.add_commands(command, _add_run_id)
+    cli_spend.add_commands(command, _add_run_id, OPERATOR_BOUND)
+    cli_permissions.add_commands(command, _add_run_id)
+    _add_operating(command)
+    return parser
 
-    def command(name: str, text: str, description: str | None = None) -> argparse.ArgumentParser:
-        description = description or text[0].upper() + text[1:] + "."
-        if "\n" not in description:
-            description = textwrap.fill(description, HELP_WIDTH)
-        return sub.add_parser(
-            name,
-            help=text,
-            description=description,
-            epilog=textwrap.fill(f"exit status: {COMMAND_EXITS[name]}", HELP_WIDTH)
-            + "\n(all of them: harness --help)",
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
 
-    def run_id(p: argparse.ArgumentParser) -> None:
-        p.add_argument("run_id", metavar="RUN_ID", help="the run id ('r' and 24 hex digits)")
+Command = Callable[..., argparse.ArgumentParser]
+"""``command(name, text, description=None)``: a new subcommand's parser, its help and exit
+statuses written (what every ``add_commands`` is given)."""
 
-    def output_flags(p: argparse.ArgumentParser, what: str = "one JSON object per line") -> None:
-        p.add_argument("--json", action="store_true", help=what)
 
-    def follow_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--follow",
-            action="store_true",
-            help="stream this turn's events until its terminal event; the exit status is "
-            "then the turn's (0 completed, 1 failed)",
-        )
-        p.add_argument(
-            "--wait",
-            type=float,
-            metavar="SECONDS",
-            help=(
-                "with --follow: give up (exit status "
-                f"{TurnWaitTimeout.exit_code}) if no worker has started the turn within "
-                "SECONDS; the turn stays queued"
-            ),
-        )
+def _add_command(
+    sub: argparse._SubParsersAction[_Parser], name: str, text: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    description = description or text[0].upper() + text[1:] + "."
+    if "\n" not in description:
+        description = textwrap.fill(description, HELP_WIDTH)
+    return sub.add_parser(
+        name,
+        help=text,
+        description=description,
+        epilog=textwrap.fill(f"exit status: {COMMAND_EXITS[name]}", HELP_WIDTH)
+        + "\n(all of them: harness --help)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
+
+def _add_run_id(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", metavar="RUN_ID", help="the run id ('r' and 24 hex digits)")
+
+
+def _add_json(p: argparse.ArgumentParser, what: str = "one JSON object per line") -> None:
+    p.add_argument("--json", action="store_true", help=what)
+
+
+def _add_follow(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="stream this turn's events until its terminal event; the exit status is "
+        "then the turn's (0 completed, 1 failed)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help=(
+            "with --follow: give up (exit status "
+            f"{TurnWaitTimeout.exit_code}) if no worker has started the turn within "
+            "SECONDS; the turn stays queued"
+        ),
+    )
+
+
+def _add_run(command: Command) -> None:
     run = command("run", "start a run and its first turn", RUN_DESCRIPTION)
     run.add_argument("harness", metavar="HARNESS", help="one of: " + ", ".join(HARNESS_IDS))
     run.add_argument(
@@ -192,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="-",
         help="the first turn's input; - (or nothing) reads it from standard input",
     )
+    _add_harness_options(run)
+    _add_sandbox_options(run)
+    cli_workspace.add_seed_options(run, OPERATOR_BOUND)
+    cli_spend.add_run_options(run, OPERATOR_BOUND)
+    _add_follow(run)
+    _add_json(run, "one JSON object per line: {run_id, turn}, then the events")
+
+
+def _add_harness_options(run: argparse.ArgumentParser) -> None:
+    """What ``run`` asks of the harness: its prompt, model and permissions."""
     run.add_argument(
         "--system-prompt",
         metavar="TEXT",
@@ -233,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="an environment variable the worker passes from its own secrets into the "
         f"sandbox, {OPERATOR_BOUND} (repeatable)",
     )
+
+
+def _add_sandbox_options(run: argparse.ArgumentParser) -> None:
+    """Where and how ``run``'s harness runs: sandbox, image, network, session, limits."""
     run.add_argument(
         "--sandbox",
         choices=("docker", "local"),
@@ -286,18 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--pids", type=int, metavar="N", help=f"container process limit, {OPERATOR_BOUND}"
     )
-    cli_workspace.add_seed_options(run, OPERATOR_BOUND)
-    cli_spend.add_run_options(run, OPERATOR_BOUND)
-    follow_flags(run)
-    output_flags(run, "one JSON object per line: {run_id, turn}, then the events")
 
+
+def _add_turn(command: Command) -> None:
     turn = command(
         "turn",
         "submit the next turn of a run",
         "Submit the next turn of an idle run (refused, exit status 2, while a turn is in "
         "flight or once the run has ended).",
     )
-    run_id(turn)
+    _add_run_id(turn)
     turn.add_argument(
         "input",
         metavar="INPUT",
@@ -305,9 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="-",
         help="the turn's input; - (or nothing) reads it from standard input",
     )
-    follow_flags(turn)
-    output_flags(turn, "one JSON object per line: {run_id, turn}, then the events")
+    _add_follow(turn)
+    _add_json(turn, "one JSON object per line: {run_id, turn}, then the events")
 
+
+def _add_reading(command: Command) -> None:
+    """``events`` and ``status``."""
     events = command(
         "events",
         "print a run's events",
@@ -315,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         "ends (status ended or failed, its last turn's terminal event printed) or its keys "
         "are gone; a Redis outage is ridden out.",
     )
-    run_id(events)
+    _add_run_id(events)
     events.add_argument(
         "--after",
         metavar="ID",
@@ -326,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait for new events until the run ends (ended or failed) or is gone",
     )
-    output_flags(events, "one JSON object per line: id, type, data, ts")
+    _add_json(events, "one JSON object per line: id, type, data, ts")
 
     status = command(
         "status",
@@ -334,34 +374,36 @@ def build_parser() -> argparse.ArgumentParser:
         "Print the run record: its status first, then the rest; times as local dates with "
         "their distance from now.",
     )
-    run_id(status)
-    output_flags(status, "the record as one JSON object, typed (numbers, booleans, null)")
+    _add_run_id(status)
+    _add_json(status, "the record as one JSON object, typed (numbers, booleans, null)")
+
+
+def _add_stopping(command: Command) -> None:
+    """``cancel`` and ``end``."""
     cancel = command(
         "cancel",
         "stop the in-flight turn",
         "Stop the run's in-flight turn (it ends with a session-error of reason cancelled); "
         "says so when nothing is in flight.",
     )
-    run_id(cancel)
-    output_flags(cancel, "one JSON object: {run_id, cancelled}")
+    _add_run_id(cancel)
+    _add_json(cancel, "one JSON object: {run_id, cancelled}")
     end = command(
         "end",
         "tear the run down",
         "Tear the run down: its process, container, workspace (unless durable) and "
         "credential. Idempotent.",
     )
-    run_id(end)
-    output_flags(end, "one JSON object: {run_id, status, note}")
+    _add_run_id(end)
+    _add_json(end, "one JSON object: {run_id, status, note}")
 
-    cli_workspace.add_commands(command, run_id)
-    cli_spend.add_commands(command, run_id, OPERATOR_BOUND)
-    cli_permissions.add_commands(command, run_id)
 
+def _add_operating(command: Command) -> None:
+    """``reap`` and ``doctor``: the operator's commands, which need no run."""
     reap = command("reap", "remove sandboxes whose run is gone or whose lease expired")
-    output_flags(reap, 'one JSON object per line: {"removed": ...} or {"unreachable": ...}')
+    _add_json(reap, 'one JSON object per line: {"removed": ...} or {"unreachable": ...}')
     doctor = command("doctor", "check broker, Redis, Docker, images and harnesses")
-    output_flags(doctor, "one JSON object: ok, checks, capabilities")
-    return parser
+    _add_json(doctor, "one JSON object: ok, checks, capabilities")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -373,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # only what it could not say: errors, as key=value lines on stderr.
     logging.basicConfig(level=logging.ERROR, format="harness: %(levelname)s %(message)s")
     try:
-        return _dispatch(args)
+        _check_utf8_args(args)
+        return HANDLERS[args.command](args, Session(args))
     except SettingsError as exc:
         print(f"harness: {exc}", file=sys.stderr)
         return 2
@@ -388,102 +431,123 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "doctor":
-        from worker.cli.doctor import run_doctor
+def _doctor(args: argparse.Namespace, session: Session) -> int:
+    from worker.cli.doctor import run_doctor
 
-        return run_doctor(json_output=args.json)
-    if args.command == "reap":
-        from worker.fleet.lifecycle import reap_here
+    return run_doctor(json_output=args.json)
 
-        report = reap_here()
-        lines = report.lines()
-        for line in lines:
-            print(json.dumps({"removed": line}) if args.json else line)
-        for problem in report.unreachable:
-            if args.json:
-                print(json.dumps({"unreachable": problem}))
-            print(f"harness: cannot reap sandboxes: {problem}", file=sys.stderr)
-        if not lines and not report.unreachable and not args.json:
-            print("nothing to reap")
-        return 1 if report.unreachable else 0
 
-    from worker.client import HarnessClient
+def _reap(args: argparse.Namespace, session: Session) -> int:
+    from worker.fleet.lifecycle import reap_here
 
-    _check_utf8_args(args)
-    client = HarnessClient()
-    renderer = Renderer(json_output=getattr(args, "json", False))
-    if args.command == "run":
-        prompt = _text_arg(args.prompt, "prompt")
-        run_id = client.start_run(
-            args.harness,
-            prompt,
-            model=args.model,
-            system_prompt=_system_prompt(args.system_prompt),
-            posture=args.posture,
-            allow=args.allow,
-            deny=args.deny,
-            grants=args.grant,
-            sandbox=args.sandbox,
-            image=args.image,
-            network=args.network,
-            resume_session=args.resume_session,
-            base_url=args.base_url,
-            executable=args.executable,
-            timeout_s=args.timeout,
-            workspace=args.workspace,
-            memory=args.memory,
-            cpus=args.cpus,
-            pids=args.pids,
-            **cli_workspace.seed_options(args),
-            **cli_spend.run_options(args),
-        )
-        for warning in _ignored_options(args, client.settings.sandbox):
-            print(f"harness: warning: {warning}", file=sys.stderr)
-        renderer.accepted(run_id, 1)
-        return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
-    if args.command == "turn":
-        text = _text_arg(args.input, "input")
-        number = client.submit_turn(args.run_id, text)
-        renderer.accepted(args.run_id, number)
-        return _follow(client, renderer, args.run_id, number, args.wait) if args.follow else 0
-    if args.command == "events":
-        if not args.follow:
-            for event in client.events(args.run_id, after=args.after):
-                renderer.event(event)
-            return 0
-        for item in _resuming(
-            client,
-            renderer,
-            lambda after: _events_until_run_ends(client, args.run_id, after),
-            args.after,
-        ):
-            renderer.event(item)
+    report = reap_here()
+    lines = report.lines()
+    for line in lines:
+        print(json.dumps({"removed": line}) if args.json else line)
+    for problem in report.unreachable:
+        if args.json:
+            print(json.dumps({"unreachable": problem}))
+        print(f"harness: cannot reap sandboxes: {problem}", file=sys.stderr)
+    if not lines and not report.unreachable and not args.json:
+        print("nothing to reap")
+    return 1 if report.unreachable else 0
+
+
+def _run(args: argparse.Namespace, session: Session) -> int:
+    client, renderer = session.client, session.renderer
+    prompt = _text_arg(args.prompt, "prompt")
+    run_id = client.start_run(
+        args.harness,
+        prompt,
+        model=args.model,
+        system_prompt=_system_prompt(args.system_prompt),
+        posture=args.posture,
+        allow=args.allow,
+        deny=args.deny,
+        grants=args.grant,
+        sandbox=args.sandbox,
+        image=args.image,
+        network=args.network,
+        resume_session=args.resume_session,
+        base_url=args.base_url,
+        executable=args.executable,
+        timeout_s=args.timeout,
+        workspace=args.workspace,
+        memory=args.memory,
+        cpus=args.cpus,
+        pids=args.pids,
+        **cli_workspace.seed_options(args),
+        **cli_spend.run_options(args),
+    )
+    for warning in _ignored_options(args, client.settings.sandbox):
+        print(f"harness: warning: {warning}", file=sys.stderr)
+    renderer.accepted(run_id, 1)
+    return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
+
+
+def _turn(args: argparse.Namespace, session: Session) -> int:
+    client, renderer = session.client, session.renderer
+    text = _text_arg(args.input, "input")
+    number = client.submit_turn(args.run_id, text)
+    renderer.accepted(args.run_id, number)
+    return _follow(client, renderer, args.run_id, number, args.wait) if args.follow else 0
+
+
+def _events(args: argparse.Namespace, session: Session) -> int:
+    client, renderer = session.client, session.renderer
+    if not args.follow:
+        for event in client.events(args.run_id, after=args.after):
+            renderer.event(event)
         return 0
-    if args.command in cli_spend.COMMANDS:
-        return cli_spend.dispatch(args, client, renderer)
-    if args.command in cli_permissions.COMMANDS:
-        return cli_permissions.dispatch(args, client, renderer)
-    if args.command in cli_workspace.COMMANDS:
-        return cli_workspace.dispatch(args, client, renderer)
-    if args.command == "status":
-        record = client.status(args.run_id)
-        renderer.record(record)
-        return 0
-    if args.command == "cancel":
-        cancelled = client.cancel(args.run_id)
-        renderer.message(
-            {"run_id": args.run_id, "cancelled": cancelled},
-            "cancel requested" if cancelled else "nothing in flight",
-        )
-        return 0
-    if args.command == "end":
-        record = client.end(args.run_id, on_wait=renderer.notice)
-        note = record.get("last_error") or ""
-        text = f"run ended ({note})" if note.startswith("end:") else "run ended"
-        renderer.message({"run_id": args.run_id, "status": record["status"], "note": note}, text)
-        return 0
-    raise AssertionError(args.command)
+    for item in _resuming(
+        client,
+        renderer,
+        lambda after: _events_until_run_ends(client, args.run_id, after),
+        args.after,
+    ):
+        renderer.event(item)
+    return 0
+
+
+def _status(args: argparse.Namespace, session: Session) -> int:
+    session.renderer.record(session.client.status(args.run_id))
+    return 0
+
+
+def _cancel(args: argparse.Namespace, session: Session) -> int:
+    cancelled = session.client.cancel(args.run_id)
+    session.renderer.message(
+        {"run_id": args.run_id, "cancelled": cancelled},
+        "cancel requested" if cancelled else "nothing in flight",
+    )
+    return 0
+
+
+def _end(args: argparse.Namespace, session: Session) -> int:
+    record = session.client.end(args.run_id, on_wait=session.renderer.notice)
+    note = record.get("last_error") or ""
+    text = f"run ended ({note})" if note.startswith("end:") else "run ended"
+    session.renderer.message(
+        {"run_id": args.run_id, "status": record["status"], "note": note}, text
+    )
+    return 0
+
+
+HANDLERS: dict[str, Handler] = {
+    "run": _run,
+    "turn": _turn,
+    "events": _events,
+    "status": _status,
+    "cancel": _cancel,
+    "end": _end,
+    **cli_workspace.HANDLERS,
+    **cli_spend.HANDLERS,
+    **cli_permissions.HANDLERS,
+    "reap": _reap,
+    "doctor": _doctor,
+}
+"""Every command by name: the one place a command is dispatched (each module of
+``worker.cli`` adds its own)."""
 
 
 def _ignored_options(args: argparse.Namespace, default_sandbox: str) -> list[str]:

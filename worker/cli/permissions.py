@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.cli.render import Renderer
+from worker.cli.session import Handler, Session
 
 EXITS = {
     "pending": "0 done (also when nothing waits), 1 unknown run or Redis unreachable",
@@ -18,8 +18,6 @@ EXITS = {
     "deny": "0 denied, 1 unknown run or request, 2 refused: answered already (the first "
     "answer wins), expired or closed",
 }
-COMMANDS = frozenset(EXITS)
-
 Command = Callable[[str, str, str], argparse.ArgumentParser]
 
 
@@ -58,24 +56,36 @@ def add_commands(command: Command, run_id: Callable[[argparse.ArgumentParser], N
         p.add_argument("--json", action="store_true", help="one JSON object: the answer")
 
 
-def dispatch(args: argparse.Namespace, client: Any, renderer: Renderer) -> int:
-    if args.command == "pending":
-        requests = client.pending(args.run_id)
-        if not requests and not renderer.json:
-            renderer.message({}, "nothing waits for an answer")
-        for request in requests:
-            renderer.message(request, _line(args.run_id, request))
-        return 0
-    if args.command == "approve":
-        answer = client.approve(args.run_id, args.request_id, always=args.always, by=args.by)
-    else:
-        answer = client.deny(args.run_id, args.request_id, message=args.message, by=args.by)
+def _pending(args: argparse.Namespace, session: Session) -> int:
+    renderer = session.renderer
+    requests = session.client.pending(args.run_id)
+    if not requests and not renderer.json:
+        renderer.message({}, "nothing waits for an answer")
+    for request in requests:
+        renderer.message(request, _line(args.run_id, request))
+    return 0
+
+
+def _approve(args: argparse.Namespace, session: Session) -> int:
+    answer = session.client.approve(args.run_id, args.request_id, always=args.always, by=args.by)
+    return _answered(args, session, answer)
+
+
+def _deny(args: argparse.Namespace, session: Session) -> int:
+    answer = session.client.deny(args.run_id, args.request_id, message=args.message, by=args.by)
+    return _answered(args, session, answer)
+
+
+def _answered(args: argparse.Namespace, session: Session, answer: dict[str, Any]) -> int:
     scope = " for the rest of the run" if answer.get("scope") == "always" else ""
-    renderer.message(
+    session.renderer.message(
         {"run_id": args.run_id, "request_id": args.request_id, **answer},
         f"{'allowed' if answer['decision'] == 'allow' else 'denied'} {args.request_id}{scope}",
     )
     return 0
+
+
+HANDLERS: dict[str, Handler] = {"pending": _pending, "approve": _approve, "deny": _deny}
 
 
 def _line(run_id: str, request: dict[str, Any]) -> str:

@@ -7,9 +7,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from worker.cli.render import Renderer
+from worker.cli.session import Handler, Session
 
-COMMANDS = ("budget",)
 EXITS = {
     "budget": "0 done, 1 unknown run or Redis unreachable, 2 bad usage or above the "
     "operator's ceiling",
@@ -77,16 +76,19 @@ def add_commands(
     )
 
 
-def dispatch(args: argparse.Namespace, client: Any, renderer: Renderer) -> int:
+def _budget(args: argparse.Namespace, session: Session) -> int:
     limits = {
         "max_cost_usd": args.max_cost_usd,
         "max_tokens": args.max_tokens,
         "max_turns": args.max_turns,
         "max_wall_s": args.max_wall_s,
     }
-    shown = client.set_budget(args.run_id, **limits)
-    renderer.message(shown, budget_text(shown))
+    shown = session.client.set_budget(args.run_id, **limits)
+    session.renderer.message(shown, budget_text(shown))
     return 0
+
+
+HANDLERS: dict[str, Handler] = {"budget": _budget}
 
 
 def budget_text(shown: dict[str, Any]) -> str:

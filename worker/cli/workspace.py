@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from worker.cli.render import Renderer
+from worker.cli.session import Handler, Session
 from worker.errors import InvalidInput
 
 EXITS = {
@@ -93,39 +93,41 @@ def add_commands(command: Command, run_id: Callable[[argparse.ArgumentParser], N
     rewind.add_argument("--json", action="store_true", help="one JSON object: what changed")
 
 
-def dispatch(args: argparse.Namespace, client: Any, renderer: Renderer) -> int:
-    if args.command == "diff":
-        if args.turn is not None and (args.from_turn is not None or args.to_turn is not None):
-            raise InvalidInput("give --turn, or --from and --to, not both")
-        client.diff(
-            args.run_id,
-            turn=args.turn,
-            from_turn=args.from_turn,
-            to_turn=args.to_turn,
-            out=sys.stdout.buffer,
-        )
-        sys.stdout.flush()
-        return 0
-    if args.command == "export":
-        facts = client.export(args.run_id, args.output, turn=args.turn)
-        renderer.message(
-            {"run_id": args.run_id, "output": args.output, **facts},
-            f"wrote {args.output}: the workspace after turn {facts.get('turn')} "
-            f"({facts.get('bytes')} bytes)",
-        )
-        return 0
-    if args.command == "rewind":
-        change = client.rewind(args.run_id, args.turn)
-        counts = (
-            f"{change.get('added_count', 0)} added, {change.get('modified_count', 0)} "
-            f"modified, {change.get('deleted_count', 0)} deleted"
-        )
-        renderer.message(
-            {"run_id": args.run_id, **change},
-            f"rewound to turn {args.turn} ({counts}); the next turn sees it",
-        )
-        return 0
-    raise AssertionError(args.command)
+def _diff(args: argparse.Namespace, session: Session) -> int:
+    if args.turn is not None and (args.from_turn is not None or args.to_turn is not None):
+        raise InvalidInput("give --turn, or --from and --to, not both")
+    session.client.diff(
+        args.run_id,
+        turn=args.turn,
+        from_turn=args.from_turn,
+        to_turn=args.to_turn,
+        out=sys.stdout.buffer,
+    )
+    sys.stdout.flush()
+    return 0
 
 
-COMMANDS = frozenset(EXITS)
+def _export(args: argparse.Namespace, session: Session) -> int:
+    facts = session.client.export(args.run_id, args.output, turn=args.turn)
+    session.renderer.message(
+        {"run_id": args.run_id, "output": args.output, **facts},
+        f"wrote {args.output}: the workspace after turn {facts.get('turn')} "
+        f"({facts.get('bytes')} bytes)",
+    )
+    return 0
+
+
+def _rewind(args: argparse.Namespace, session: Session) -> int:
+    change = session.client.rewind(args.run_id, args.turn)
+    counts = (
+        f"{change.get('added_count', 0)} added, {change.get('modified_count', 0)} "
+        f"modified, {change.get('deleted_count', 0)} deleted"
+    )
+    session.renderer.message(
+        {"run_id": args.run_id, **change},
+        f"rewound to turn {args.turn} ({counts}); the next turn sees it",
+    )
+    return 0
+
+
+HANDLERS: dict[str, Handler] = {"diff": _diff, "export": _export, "rewind": _rewind}
