@@ -8,7 +8,6 @@ import threading
 import time
 from typing import Any
 
-import redis
 from celery import Task
 from celery.signals import (
     celeryd_after_setup,
@@ -34,6 +33,7 @@ from worker.errors import RunNotFound
 from worker.fleet import host_queues, hosts, lifecycle
 from worker.observe import logs, metrics
 from worker.options.spec import TurnPayload
+from worker.store.errors import REDIS_ERRORS
 from worker.turn.execute import execute_turn
 from worker.turn.life import TurnRef, end_unclaimed_turn
 from worker.workspace import ops as workspace_ops
@@ -55,7 +55,7 @@ def run_turn(self: Task, payload: dict[str, Any]) -> str:
     try:
         with logs.context(run_id=turn.run_id, turn=turn.turn):
             return execute_turn(deps, turn, delivery=self.request.id)
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except REDIS_ERRORS as exc:
         # Redis unreachable before the turn was claimed: nothing happened yet, try again.
         raise self.retry(exc=exc, countdown=2) from exc
     except Exception as exc:
@@ -203,5 +203,5 @@ def _gone(**_: object) -> None:
     try:
         for heartbeat in _heartbeats:
             heartbeat.stop()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except REDIS_ERRORS as exc:
         log.warning("host.heartbeat_stop_failed", extra={"error": str(exc)})

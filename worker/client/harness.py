@@ -52,6 +52,7 @@ from worker.permissions import requests as permissions
 from worker.permissions.requests import who
 from worker.spend import budgets, slots
 from worker.store import credentials
+from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
 from worker.store.listing import RunFilter, unindex_run
 from worker.store.queued import QueuedTurn
@@ -104,7 +105,7 @@ def _translated() -> Iterator[None]:
         yield
     except HarnessError:
         raise
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except REDIS_ERRORS as exc:
         raise Unavailable(f"cannot reach Redis: {exc}") from exc
     except OperationalError as exc:
         raise Unavailable(f"cannot reach the broker: {exc}") from exc
@@ -384,7 +385,7 @@ class HarnessClient:
             # Nothing will run this turn: leave nothing that says otherwise (the reaper would
             # re-send a queued payload, and a run record without a turn would never expire).
             undone = self._unsend(run_id, turn, exc)
-            if isinstance(exc, OperationalError | redis.ConnectionError | redis.TimeoutError):
+            if isinstance(exc, (OperationalError, *REDIS_ERRORS)):
                 raise Unavailable(f"cannot reach the broker: {exc}; {undone}") from exc
             raise
 

@@ -8,8 +8,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import redis
-
 from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings
 from sandbox.base import LABEL_WORKER, Egress, Limits, RunSpec, Sandbox, SandboxError, WarmPool
@@ -18,6 +16,7 @@ from worker.fleet import hosts
 from worker.observe import metrics
 from worker.spend import parking, slots
 from worker.store import credentials, queued
+from worker.store.errors import REDIS_ERRORS
 from worker.store.publisher import last_seq
 from worker.store.queued import SendTurn
 from worker.store.records import RunRecord
@@ -150,7 +149,7 @@ def _each_run(deps: TurnDeps, what: str, step: Callable[[str], None]) -> None:
     for run_id in deps.redis.smembers(deps.keys.runs_index()):
         try:
             step(run_id)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except REDIS_ERRORS:
             raise
         except Exception:
             log.exception("reaper.run_failed", extra={"run_id": run_id, "step": what})

@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 import adapters
 from adapters.asks import DENIED_MESSAGE, Ask, Decision
 from adapters.events import (
@@ -49,6 +47,7 @@ from sandbox.base import Process
 from worker.errors import AnswerRefused, InvalidInput, RequestNotFound
 from worker.options.spec import RunOptions
 from worker.permissions import rules as permission_rules
+from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
 from worker.store.lua import scripts
 from worker.store.publisher import Masker
@@ -298,7 +297,7 @@ class Gate:
         ids = list(self._waiting)
         try:
             raw = self.client.hmget(self.keys.permission_answers(self.run_id), ids)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except REDIS_ERRORS:
             raw = [None] * len(ids)
         events: list[Event] = []
         now = self.clock()
@@ -380,7 +379,7 @@ class Gate:
             ]
         try:
             always = self.client.sismember(self.keys.permission_always(self.run_id), print_)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except REDIS_ERRORS:
             always = False
         if always:
             self._answer(ask, Decision(allow=True, always=True))
@@ -405,7 +404,7 @@ class Gate:
             status, detail = _answer(
                 self.client, self.keys, self.run_id, request_id, text, closing=True
             )
-        except (redis.ConnectionError, redis.TimeoutError):
+        except REDIS_ERRORS:
             status, detail = "ok", ""  # denied here all the same; nothing waits on Redis
         won = json.loads(detail) if status == "answered" else json.loads(text)
         if abort and won.get("decision") == "allow":
@@ -432,7 +431,7 @@ class Gate:
         if always:
             try:
                 self.client.sadd(self.keys.permission_always(self.run_id), waiting.print)
-            except (redis.ConnectionError, redis.TimeoutError):
+            except REDIS_ERRORS:
                 log.warning("permission.always_unrecorded", extra={"run_id": self.run_id})
         log.info(
             "permission.decided",
@@ -470,5 +469,5 @@ class Gate:
         return ok
 
     def _record(self, request_id: str, text: str) -> None:
-        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+        with contextlib.suppress(*REDIS_ERRORS):
             self.client.hset(self.keys.permission_answers(self.run_id), request_id, text)

@@ -18,10 +18,9 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 
-import redis
-
 from adapters.events import Event
 from worker.observe import metrics
+from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
 from worker.store.lua import scripts
 
@@ -140,7 +139,7 @@ class RedisStreamPublisher:
                         delivered = len(batch)
                         dropped += len(batch) - at - len(chunk)
                         break
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except REDIS_ERRORS as exc:
             self._done(batch, delivered, dropped)
             self.retries += 1
             metrics.publish_retried()
@@ -173,7 +172,7 @@ class RedisStreamPublisher:
             )
         delivered = 0
         for entry, result in zip(batch, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(result, redis.ConnectionError | redis.TimeoutError):
+            if isinstance(result, REDIS_ERRORS):
                 break
             if isinstance(result, Exception):
                 if _DUPLICATE_ID not in str(result):
