@@ -31,8 +31,8 @@ class GitServer:
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     """(method, path, Authorization header) of every request."""
     delay_s: float = 0.0
-    """How long the server sits on a clone's or push's first request (``info/refs``) before
-    answering it: a slow clone."""
+    """How long the server sits on the next ``info/refs`` request (a clone's or a push's
+    first) before answering it, once: a slow clone."""
 
     @property
     def base_url(self) -> str:
@@ -98,7 +98,8 @@ def _handler(server: GitServer) -> type[BaseHTTPRequestHandler]:
 
         def _relay(self) -> None:
             if server.delay_s and self.path.partition("?")[0].endswith("/info/refs"):
-                time.sleep(server.delay_s)
+                delay, server.delay_s = server.delay_s, 0.0
+                time.sleep(delay)
             auth = self.headers.get("Authorization")
             path, _, query = self.path.partition("?")
             server.requests.append((self.command, path, auth))

@@ -28,7 +28,7 @@ from worker.turn.execute import Shutdown, TurnDeps, execute_turn
 
 pytestmark = [pytest.mark.redis]
 
-DEMO = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
+DEMO_SCRIPT = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_a_clone_slower_than_the_heartbeat_and_a_reap_pass_ends_its_turn_once_co
     shared_env: Env, slow_server: GitServer
 ) -> None:
     settings = load_settings()  # the defaults a user runs with
-    slow_server.delay_s = settings.heartbeat_ttl_s + settings.reap_interval_s + 5
+    delay = slow_server.delay_s = settings.heartbeat_ttl_s + settings.reap_interval_s + 5
     shared_env.vars.update(HARNESS_REPO_SCHEMES="http", HARNESS_REPO_HOSTS="127.0.0.1")
     worker = start_worker(shared_env)
     client = shared_env.client()
@@ -55,7 +55,7 @@ def test_a_clone_slower_than_the_heartbeat_and_a_reap_pass_ends_its_turn_once_co
             executable=DEMO,
             repo=slow_server.url("slow.git"),
         )
-        terminal = client.wait(run_id, 1, timeout=slow_server.delay_s + 120)
+        terminal = client.wait(run_id, 1, timeout=delay + 120)
         events = [e.as_dict() for e in client.events(run_id) if e.turn == 1]
         assert_one_terminal(events, 1)
         assert terminal.type == "turn-complete", terminal.data
@@ -71,7 +71,7 @@ def test_a_clone_slower_than_the_heartbeat_and_a_reap_pass_ends_its_turn_once_co
 def race_world(tmp_path: Path, redis_url: str) -> Iterator[tuple[TurnDeps, HarnessClient]]:
     prefix = "race" + os.urandom(4).hex()
     wrapper = tmp_path / "harness-demo"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{DEMO}" "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{DEMO_SCRIPT}" "$@"\n')
     wrapper.chmod(0o755)
     settings = load_settings(
         redis_url=redis_url,
