@@ -19,6 +19,7 @@ from adapters import HARNESS_IDS
 from config import SettingsError
 from worker.cli import permissions as cli_permissions
 from worker.cli import spend as cli_spend
+from worker.cli import tenant as cli_tenant
 from worker.cli import workspace as cli_workspace
 from worker.cli.render import Renderer
 from worker.cli.session import Handler, Session
@@ -133,6 +134,7 @@ COMMAND_EXITS = {
     **cli_workspace.EXITS,
     **cli_spend.EXITS,
     **cli_permissions.EXITS,
+    **cli_tenant.EXITS,
 }
 """Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
 
@@ -155,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_workspace.add_commands(command, _add_run_id)
     cli_spend.add_commands(command, _add_run_id, OPERATOR_BOUND)
     cli_permissions.add_commands(command, _add_run_id)
+    cli_tenant.add_commands(command)
     _add_operating(command)
     return parser
 
@@ -221,6 +224,7 @@ def _add_run(command: Command) -> None:
     _add_sandbox_options(run)
     cli_workspace.add_seed_options(run, OPERATOR_BOUND)
     cli_spend.add_run_options(run, OPERATOR_BOUND)
+    cli_tenant.add_run_options(run)
     _add_follow(run)
     _add_json(run, "one JSON object per line: {run_id, turn}, then the events")
 
@@ -478,6 +482,7 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         pids=args.pids,
         **cli_workspace.seed_options(args),
         **cli_spend.run_options(args),
+        **cli_tenant.run_options(args),
     )
     for warning in _ignored_options(args, client.settings.sandbox):
         print(f"harness: warning: {warning}", file=sys.stderr)
@@ -543,6 +548,7 @@ HANDLERS: dict[str, Handler] = {
     **cli_workspace.HANDLERS,
     **cli_spend.HANDLERS,
     **cli_permissions.HANDLERS,
+    **cli_tenant.HANDLERS,
     "reap": _reap,
     "doctor": _doctor,
 }
