@@ -33,6 +33,9 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from adapters.events import TERMINAL_TYPES
+from worker.store.records import RunRecord
+
 SPINNER_DELAY_S = 0.3
 """Wait this long without output before showing the spinner (a quick command never shows
 one, and a non-follow command exits before it would start)."""
@@ -406,7 +409,7 @@ class Renderer:
             self._print(Text(f"  ✎ {workspace_text(data)}", style="magenta"))
         elif kind == "parked":
             self._print(Text(f"  ⏸ {parked_text(data)}", style="bold yellow"))
-        elif kind in ("turn-complete", "session-error"):
+        elif kind in TERMINAL_TYPES:
             self._terminal(event, view)
         else:  # a type newer than this renderer: show it rather than hide it
             self._print(Text(f"{kind} {json.dumps(data, ensure_ascii=False)}", style="dim"))
@@ -507,7 +510,7 @@ def _retry_hint(data: dict[str, Any]) -> str:
     return f"retryable after {after:g}s" if isinstance(after, int | float) else "retryable"
 
 
-RECORD_ORDER = (
+RECORD_FIRST = (
     "status",
     "waiting",
     "resume_at",
@@ -515,29 +518,11 @@ RECORD_ORDER = (
     "last_error",
     "budget_exceeded",
     "warnings",
-    "run_id",
-    "harness",
-    "turns",
-    "current_turn",
-    "session_id",
-    "resumed",
-    "model_requested",
-    "model_reported",
-    "input_tokens",
-    "output_tokens",
-    "cached_input_tokens",
-    "cost_usd",
-    "created_at",
-    "updated_at",
-    "lease_until",
-    "sandbox",
-    "network",
-    "egress_allow",
-    "container_id",
-    "queue",
+)
+RECORD_ORDER = (
+    *RECORD_FIRST,
+    *(name for name in RunRecord.model_fields if name not in RECORD_FIRST),
     "credential_live",
-    "options",
-    "carry",
 )
 """The order ``harness status`` shows a record in: the status first, then what went wrong,
 then the rest; fields it does not know follow, as they come."""

@@ -36,6 +36,7 @@ from typing import Any
 
 from worker.options.spec import RunOptions, TurnPayload
 from worker.store import lua, queued
+from worker.store.status import EXECUTING
 from worker.turn.deps import TurnDeps
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,7 @@ def waiting_notice(run_id: str, record: dict[str, Any]) -> SlotWaiting | None:
     """The notice for a run record (typed, as the client reads it) whose current turn waits."""
     wait = record.get("slot_wait")
     turn = record.get("current_turn")
-    if not wait or wait.get("turn") != turn or record.get("status") not in ("starting", "running"):
+    if not wait or wait.get("turn") != turn or record.get("status") not in EXECUTING:
         return None
     return SlotWaiting(
         run_id,
