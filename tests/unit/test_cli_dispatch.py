@@ -1,6 +1,6 @@
 """The ``harness`` command dispatches by one table: every command its parser knows has one
 handler and one line of exit statuses, and a handler's status (or typed error) is the
-command's."""
+command's; the renderer shows each event type by its own view, from one table too."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from adapters.events import EVENT_TYPES
 from worker.cli import main as cli
+from worker.cli import render
 from worker.cli.session import Session
 from worker.errors import RunBusy
 
@@ -69,3 +71,7 @@ def test_a_command_that_needs_no_client_makes_none(monkeypatch: pytest.MonkeyPat
     assert "client" not in vars(session)
     assert session.renderer.json
     assert "client" not in vars(session)
+
+
+def test_every_event_type_has_its_own_view() -> None:
+    assert set(render._EVENT_VIEWS) == set(EVENT_TYPES)

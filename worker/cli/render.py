@@ -24,6 +24,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -348,71 +349,86 @@ class Renderer:
         if self.json:
             self._line(json.dumps(event.as_dict(), ensure_ascii=False))
             return
-        kind, data = event.type, event.data
         view = self._view(event)
-        if kind == "turn-started":
-            view.harness = str(data.get("harness") or "")
-            view.started_ts = event.ts
-            attempt = int(data.get("attempt") or 1)
-            title = Text(f"── turn {event.turn}", style="bold cyan")
-            title.append(f" · {view.harness}", style="cyan")
-            if attempt > 1:
-                title.append(f" · attempt {attempt}", style="yellow")
-            title.append(" ──", style="bold cyan")
-            self._print(title)
-            self._wait("thinking")
-        elif kind == "session":
-            view.session_id = data.get("session_id") or view.session_id
-            view.model = data.get("model") or view.model
-            line = Text(f"● session {data.get('session_id')}", style="dim")
-            if data.get("resumed"):
-                line.append(" (resumed)", style="dim green")
-            line.append(f" · {data.get('model') or 'model not reported'}", style="dim")
-            self._print(line)
-            self._wait("thinking")
-        elif kind == "assistant-text":
-            self._text(view, str(data.get("text", "")))
-            self._wait("thinking")
-        elif kind == "sandbox-activity":
-            view.activities += 1
-            mark = ACTIVITY_MARKS.get(str(data.get("kind")), "·")
-            description = one_line(clean(str(data.get("description", ""))))
-            line = Text(f"  {mark} ", style="bold blue")
-            line.append(description, style="blue")
-            self._print(line)
-            self._wait("working")
-        elif kind == "permission-request":
-            line = Text("  ? permission: ", style="bold yellow")
-            line.append(clean(str(data.get("description") or "")), style="yellow")
-            if data.get("command"):
-                line.append(f"  {one_line(clean(str(data['command'])))}", style="dim")
-            self._print(line)
-            if data.get("deadline"):
-                self._print(Text(permission_hint(data, self.run_id), style="dim yellow"))
-            self._wait("waiting on a permission")
-        elif kind == "permission-decision":
-            allowed = data.get("decision") == "allow"
-            line = Text(
-                f"  {'✓ allowed' if allowed else '✗ denied'} {data.get('request_id')}",
-                style="bold green" if allowed else "bold red",
-            )
-            scope = " for the rest of the run" if data.get("scope") == "always" else ""
-            line.append(f"{scope} by {clean(str(data.get('by') or '?'))}", style="dim")
-            if data.get("message"):
-                line.append(f": {one_line(clean(str(data['message'])))}", style="dim")
-            self._print(line)
-            self._wait("working")
-        elif kind == "usage":
-            view.add_usage(data)
-            self._wait("thinking")
-        elif kind == "workspace":
-            self._print(Text(f"  ✎ {workspace_text(data)}", style="magenta"))
-        elif kind == "parked":
-            self._print(Text(f"  ⏸ {parked_text(data)}", style="bold yellow"))
-        elif kind in TERMINAL_TYPES:
-            self._terminal(event, view)
-        else:  # a type newer than this renderer: show it rather than hide it
-            self._print(Text(f"{kind} {json.dumps(data, ensure_ascii=False)}", style="dim"))
+        show = _EVENT_VIEWS.get(event.type)
+        if show is None:  # a type newer than this renderer: show it rather than hide it
+            text = f"{event.type} {json.dumps(event.data, ensure_ascii=False)}"
+            self._print(Text(text, style="dim"))
+            return
+        show(self, event, view)
+
+    def _turn_started(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        view.harness = str(data.get("harness") or "")
+        view.started_ts = event.ts
+        attempt = int(data.get("attempt") or 1)
+        title = Text(f"── turn {event.turn}", style="bold cyan")
+        title.append(f" · {view.harness}", style="cyan")
+        if attempt > 1:
+            title.append(f" · attempt {attempt}", style="yellow")
+        title.append(" ──", style="bold cyan")
+        self._print(title)
+        self._wait("thinking")
+
+    def _session(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        view.session_id = data.get("session_id") or view.session_id
+        view.model = data.get("model") or view.model
+        line = Text(f"● session {data.get('session_id')}", style="dim")
+        if data.get("resumed"):
+            line.append(" (resumed)", style="dim green")
+        line.append(f" · {data.get('model') or 'model not reported'}", style="dim")
+        self._print(line)
+        self._wait("thinking")
+
+    def _assistant_text(self, event: Any, view: TurnView) -> None:
+        self._text(view, str(event.data.get("text", "")))
+        self._wait("thinking")
+
+    def _activity(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        view.activities += 1
+        mark = ACTIVITY_MARKS.get(str(data.get("kind")), "·")
+        description = one_line(clean(str(data.get("description", ""))))
+        line = Text(f"  {mark} ", style="bold blue")
+        line.append(description, style="blue")
+        self._print(line)
+        self._wait("working")
+
+    def _permission_request(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        line = Text("  ? permission: ", style="bold yellow")
+        line.append(clean(str(data.get("description") or "")), style="yellow")
+        if data.get("command"):
+            line.append(f"  {one_line(clean(str(data['command'])))}", style="dim")
+        self._print(line)
+        if data.get("deadline"):
+            self._print(Text(permission_hint(data, self.run_id), style="dim yellow"))
+        self._wait("waiting on a permission")
+
+    def _permission_decision(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        allowed = data.get("decision") == "allow"
+        line = Text(
+            f"  {'✓ allowed' if allowed else '✗ denied'} {data.get('request_id')}",
+            style="bold green" if allowed else "bold red",
+        )
+        scope = " for the rest of the run" if data.get("scope") == "always" else ""
+        line.append(f"{scope} by {clean(str(data.get('by') or '?'))}", style="dim")
+        if data.get("message"):
+            line.append(f": {one_line(clean(str(data['message'])))}", style="dim")
+        self._print(line)
+        self._wait("working")
+
+    def _usage(self, event: Any, view: TurnView) -> None:
+        view.add_usage(event.data)
+        self._wait("thinking")
+
+    def _workspace(self, event: Any, view: TurnView) -> None:
+        self._print(Text(f"  ✎ {workspace_text(event.data)}", style="magenta"))
+
+    def _parked(self, event: Any, view: TurnView) -> None:
+        self._print(Text(f"  ⏸ {parked_text(event.data)}", style="bold yellow"))
 
     def summary(self, record: dict[str, Any], terminal: Any) -> None:
         """After ``--follow``: the run's state and totals, on one line."""
@@ -684,3 +700,18 @@ def permission_hint(data: dict[str, Any], run_id: str | None) -> str:
         f"    answer: harness approve {run} {request} [--always]  |  "
         f"harness deny {run} {request} [--message TEXT]  (denied at {until} unanswered)"
     )
+
+
+_EVENT_VIEWS: dict[str, Callable[[Renderer, Any, TurnView], None]] = {
+    "turn-started": Renderer._turn_started,
+    "session": Renderer._session,
+    "assistant-text": Renderer._assistant_text,
+    "sandbox-activity": Renderer._activity,
+    "permission-request": Renderer._permission_request,
+    "permission-decision": Renderer._permission_decision,
+    "usage": Renderer._usage,
+    "workspace": Renderer._workspace,
+    "parked": Renderer._parked,
+    **dict.fromkeys(TERMINAL_TYPES, Renderer._terminal),
+}
+"""How a person sees each event type (JSON output prints them all alike)."""
