@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rich.console import Console
 from rich.text import Text
@@ -42,6 +42,9 @@ from sandbox.base import (
 from sandbox.docker.container import hardened
 from worker.options.policy import memory_bytes
 
+if TYPE_CHECKING:
+    from sandbox.docker.gateway import Gateway
+
 # The password of a URL's user part runs to the last "@" before the path: "p@ss" unencoded
 # is masked whole. Redis also takes a password in the query string.
 _URL_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)[^/?#\s]*@")
@@ -56,7 +59,7 @@ CLI_PACKAGES: dict[str, tuple[str, str]] = {
     "opencode": ("opencode-ai", "opencode"),
     "pi": ("@mariozechner/pi-coding-agent", "pi"),
 }
-PINS_FILE = Path(__file__).resolve().parent.parent / "docker" / "clis" / "package.json"
+PINS_FILE = Path(__file__).resolve().parents[2] / "docker" / "clis" / "package.json"
 BUILD_FIX = "build the images on this Docker host with scripts/build-images"
 
 #: Label of the network probe's container, besides the sandbox's own labels
@@ -197,21 +200,37 @@ def _docker_client(settings: Settings) -> Any:
     return from_env(timeout=60)
 
 
+class _DockerBackend(Protocol):
+    """What doctor asks of the docker backend besides the Sandbox protocol: is the daemon
+    there, is an image on it, and its egress gateway."""
+
+    egress: Gateway | None
+
+    def ping(self) -> None: ...
+
+    def image_exists(self, image: str) -> bool: ...
+
+
+def _docker_backend(settings: Settings) -> _DockerBackend:
+    """The docker backend as a worker with these settings builds it (the runtime's factory,
+    so doctor checks the sandbox that runs turns, not one configured apart)."""
+    from worker.runtime import make_sandbox
+
+    return cast(_DockerBackend, make_sandbox("docker", settings))
+
+
 def _docker(settings: Settings) -> list[Check]:
     from sandbox.base import SandboxError
 
     needed = "docker" in _backends(settings)
     where = settings.docker_url or os.environ.get("DOCKER_HOST") or "the local daemon"
     try:
-        from sandbox.docker.sandbox import DockerSandbox
+        sandbox = _docker_backend(settings)
     except ImportError as exc:
         return [
             Check("docker", False, f"the Docker backend cannot load: {exc}", "pip install docker")
         ]
     try:
-        sandbox = DockerSandbox(
-            Path(settings.workspace_root) / "docker", base_url=settings.docker_url
-        )
         sandbox.ping()
     except SandboxError as exc:
         if not needed:
@@ -277,19 +296,13 @@ def egress_check(settings: Settings, needed: bool = True) -> Check:
     """The egress gateway of this Docker host: its image, started (as a worker would) and
     healthy, its configuration accepted, and what each harness may reach."""
     from sandbox.base import SandboxError
-    from sandbox.docker.sandbox import DockerSandbox
     from worker.options.policy import egress_config
 
     config = egress_config(settings)
     name = f"network egress (gateway {config.container_name})"
     fix = "scripts/build-images --only gateway; docker logs " + config.container_name
     try:
-        sandbox = DockerSandbox(
-            Path(settings.workspace_root) / "docker",
-            base_url=settings.docker_url,
-            scope=settings.key_prefix,
-            egress=config,
-        )
+        sandbox = _docker_backend(settings)  # its gateway is configured as a worker's is
         assert sandbox.egress is not None
         if not sandbox.image_exists(config.image):
             return Check(name, not needed, f"image {config.image} is missing", fix,
@@ -592,7 +605,17 @@ def _is_loopback(url: str) -> bool:
 
 def settings_checks(settings: Settings, memory_total: int | None = None) -> list[Check]:
     """Settings that are valid but look wrong, each with its fix."""
-    s = settings
+    out = [
+        *_timing_checks(settings),
+        *_isolation_checks(settings),
+        *_deployment_checks(settings),
+        *_memory_checks(settings, memory_total),
+    ]
+    return out or [Check("settings", True, "nothing looks wrong")]
+
+
+def _timing_checks(s: Settings) -> list[Check]:
+    """Timeouts that undo each other."""
     out: list[Check] = []
     longest = s.max_turn_timeout_s + s.shutdown_grace_s
     if s.visibility_timeout_s and s.visibility_timeout_s < longest:
@@ -615,6 +638,12 @@ def settings_checks(settings: Settings, memory_total: int | None = None) -> list
                 "set HARNESS_IDLE_TIMEOUT_S below HARNESS_TURN_TIMEOUT_S",
             )
         )
+    return out
+
+
+def _isolation_checks(s: Settings) -> list[Check]:
+    """What producers may ask for that weakens a run's isolation."""
+    out: list[Check] = []
     if s.sandbox == "local":
         out.append(
             warn(
@@ -671,6 +700,12 @@ def settings_checks(settings: Settings, memory_total: int | None = None) -> list
                 "set HARNESS_READ_ONLY_ROOT=true",
             )
         )
+    return out
+
+
+def _deployment_checks(s: Settings) -> list[Check]:
+    """How the worker reaches its services, and what sees its turns."""
+    out: list[Check] = []
     if s.pool == "prefork" and s.metrics_port:
         out.append(
             warn(
@@ -700,6 +735,12 @@ def settings_checks(settings: Settings, memory_total: int | None = None) -> list
                 "use an ssh:// or TLS-verified daemon URL, or a local socket",
             )
         )
+    return out
+
+
+def _memory_checks(s: Settings, memory_total: int | None) -> list[Check]:
+    """The default memory limit against its ceiling and this machine."""
+    out: list[Check] = []
     memory_total = memory_total if memory_total is not None else _memory_total()
     memory = memory_bytes(s.memory)
     if memory > memory_bytes(s.max_memory):
@@ -720,8 +761,6 @@ def settings_checks(settings: Settings, memory_total: int | None = None) -> list
                 "lower HARNESS_MEMORY below the machine's memory",
             )
         )
-    if not out:
-        out.append(Check("settings", True, "nothing looks wrong"))
     return out
 
 
