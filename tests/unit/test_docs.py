@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from adapters import events
+from worker.api.settings import ApiSettings
 from worker.cli import main as cli
 from worker.store import records
 
@@ -121,8 +122,10 @@ def test_every_stdio_json_message_type_is_documented() -> None:
 
 
 def settings_in_env_example() -> set[str]:
+    """The worker's settings, and the HTTP API's own (worker/api/settings.py)."""
     text = (ROOT / "config" / ".env.example").read_text()
-    return set(re.findall(r"^#? ?(HARNESS_[A-Z0-9_]+)=", text, re.M))
+    api = {f"HARNESS_{name.upper()}" for name in ApiSettings.model_fields}
+    return set(re.findall(r"^#? ?(HARNESS_[A-Z0-9_]+)=", text, re.M)) | api
 
 
 def test_every_harness_setting_the_docs_name_exists() -> None:
