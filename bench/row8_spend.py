@@ -28,7 +28,7 @@ from worker.store.keys import Keys, SyncRedis
 from worker.store.publisher import RedisStreamPublisher
 from worker.store.records import RunRecord, RunStore
 from worker.turn.attempt import Publishing
-from worker.turn.deps import Shutdown, TurnDeps
+from worker.deps import Shutdown, TurnDeps
 
 SIZES = {"full": (200_000, 7, 2000), "quick": (50_000, 5, 500), "smoke": (2_000, 2, 50)}
 """Profile -> (events per stream, repeats, slot acquisitions)."""

@@ -13,11 +13,11 @@ from celery import Celery
 from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
 from worker.app import turn_sender
+from worker.deps import Shutdown, TurnDeps
 from worker.options.policy import egress_config
 from worker.store.keys import Keys
 from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
-from worker.turn.deps import Shutdown, TurnDeps
 
 _lock = threading.Lock()
 _sandboxes: dict[str, Sandbox] = {}

@@ -34,8 +34,8 @@ from worker.fleet import host_queues, hosts, lifecycle
 from worker.observe import logs, metrics
 from worker.options.spec import TurnPayload
 from worker.store.errors import REDIS_ERRORS
+from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.turn.execute import execute_turn
-from worker.turn.life import TurnRef, end_unclaimed_turn
 from worker.workspace import ops as workspace_ops
 from worker.workspace import steps as workspace_steps
 

@@ -34,9 +34,9 @@ from tests.conformance.conftest import (
 )
 from tests.fakemodel import FakeModelServer
 from tests.helpers import assert_one_terminal
+from worker.observe.masking import Masker
 from worker.permissions import requests as permissions
 from worker.store.keys import Keys
-from worker.store.publisher import Masker
 from worker.turn import attempt
 
 ASKING = [h for h in adapters.HARNESS_IDS if adapters.get(h).CAPABILITIES.permission_ask]

@@ -156,7 +156,7 @@ def test_a_turn_cancelled_while_it_waits_holds_up_nobody(
     from worker.options.spec import RunOptions, TurnPayload
     from worker.spend import slots
     from worker.store.records import RunStore
-    from worker.turn.deps import Shutdown, TurnDeps
+    from worker.deps import Shutdown, TurnDeps
 
     monkeypatch.setenv("DEMO_TOKEN", KEY_VALUE)
     settings = env.settings(key_slots="DEMO_TOKEN=1")

@@ -18,8 +18,8 @@ from tests.unit.test_execute_turn import World
 from worker.errors import InvalidInput
 from worker.options.spec import RunOptions, TurnPayload
 from worker.spend import budgets, parking
+from worker.spend.budgets import UsageTotals
 from worker.store.records import RunRecord
-from worker.turn.attempt import UsageTotals
 
 SENT: list[tuple[dict[str, Any], str, float]] = []
 

@@ -508,7 +508,7 @@ def test_a_claim_whose_reply_was_lost_is_recognised_by_its_retry(world: World) -
 
 
 def test_patience_is_one_budget_for_the_whole_turn() -> None:
-    from worker.turn.life import Patience
+    from worker.store.terminal import Patience
 
     patience = Patience(budget_s=1.0)
     calls = [0]

@@ -308,3 +308,55 @@ def test_the_worker_app_patches_the_broker_transport_when_built() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert done.stdout.strip() == "worker.broker:Transport"
+
+
+# Inside worker/: each room imports only the rooms below it (and the standard ones above the
+# worker: adapters, sandbox, config). A room is a subpackage or a top-level module.
+WORKER_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors"}),  # the errors producers see
+    frozenset({"options"}),  # what a producer may ask for, and the operator's policy on it
+    frozenset({"observe"}),  # logs, metrics, masking
+    frozenset({"store"}),  # Redis: keys, records, status, scripts, streams, the terminal
+    frozenset({"deps"}),  # what a turn needs from its worker process
+    frozenset({"permissions", "spend", "workspace"}),  # a turn's policies and its workspace
+    frozenset({"turn"}),  # one turn, from its claim to its end
+    frozenset({"fleet"}),  # hosts, host queues, the reaper, the end of a run
+    frozenset({"app_names", "broker"}),  # the Celery layer: task names, the broker transport,
+    frozenset({"app"}),  # the app,
+    frozenset({"runtime"}),  # a worker process's dependencies,
+    frozenset({"tasks"}),  # the tasks
+    frozenset({"client"}),  # the producer's Python API
+    frozenset({"api"}),  # the HTTP API
+    frozenset({"cli"}),  # the command line (which also serves the API)
+)
+CELERY_ROOMS = frozenset({"app", "broker", "runtime", "tasks", "client", "cli"})
+"""The rooms that may import celery or kombu (the Celery layer and the producers)."""
+
+
+def _room(path: Path) -> str:
+    parts = path.relative_to(ROOT / "worker").with_suffix("").parts
+    return parts[0]
+
+
+def _layer(room: str) -> int:
+    for level, rooms in enumerate(WORKER_LAYERS):
+        if room in rooms:
+            return level
+    raise AssertionError(f"worker/{room} is in no layer of WORKER_LAYERS: add it")
+
+
+WORKER_FILES = sorted(p for p in (ROOT / "worker").rglob("*.py") if p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("path", WORKER_FILES, ids=_rel)
+def test_each_worker_room_imports_only_the_rooms_below_it(path: Path) -> None:
+    room = _room(path)
+    level = _layer(room)
+    imported = {module.split(".")[1] for module in _imports(path) if module.startswith("worker.")}
+    upward = sorted(
+        other for other in imported - {room} if other != "__init__" and _layer(other) >= level
+    )
+    assert not upward, f"{_rel(path)} (worker/{room}) imports {upward}: arrows only downward"
+    if room not in CELERY_ROOMS:
+        bad = _top_levels(_imports(path)) & {"celery", "kombu"}
+        assert not bad, f"{_rel(path)} imports {sorted(bad)}: only the Celery layer does"

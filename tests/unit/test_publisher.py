@@ -11,16 +11,10 @@ import redis
 from redis.commands.core import Script
 
 from adapters.events import AssistantText, Event, TurnComplete, TurnStarted, Usage, parse_event
+from worker.observe.masking import MASK, Masker
 from worker.store.keys import Keys
 from worker.store.lua import SOURCES
-from worker.store.publisher import (
-    MASK,
-    SCRIPT_BATCH,
-    SCRIPT_MIN,
-    Masker,
-    RedisStreamPublisher,
-    last_seq,
-)
+from worker.store.publisher import SCRIPT_BATCH, SCRIPT_MIN, RedisStreamPublisher, last_seq
 
 RUN = "r" + "b" * 24
 KEYS = Keys("t")

@@ -442,9 +442,10 @@ def _doctor(args: argparse.Namespace, session: Session) -> int:
 
 
 def _reap(args: argparse.Namespace, session: Session) -> int:
+    from worker import runtime
     from worker.fleet.lifecycle import reap_here
 
-    report = reap_here()
+    report = reap_here(runtime.deps())
     lines = report.lines()
     for line in lines:
         print(json.dumps({"removed": line}) if args.json else line)

@@ -59,7 +59,7 @@ from worker.store.queued import QueuedTurn
 from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
 from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT
-from worker.turn.life import TurnRef, end_unclaimed_turn
+from worker.store.terminal import TurnRef, end_unclaimed_turn
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")

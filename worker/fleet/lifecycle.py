@@ -21,8 +21,8 @@ from worker.store.publisher import last_seq
 from worker.store.queued import SendTurn
 from worker.store.records import RunRecord
 from worker.store.status import EXECUTING, FINISHED
+from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.turn.execute import TurnDeps, close_lost_turn
-from worker.turn.life import TurnRef, end_unclaimed_turn
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,9 @@ def _each_run(deps: TurnDeps, what: str, step: Callable[[str], None]) -> None:
             log.exception("reaper.run_failed", extra={"run_id": run_id, "step": what})
 
 
-def reap_here(deps: TurnDeps | None = None) -> ReapReport:
+def reap_here(deps: TurnDeps) -> ReapReport:
     """One full reaper pass from here, without the fleet's locks (an operator's ``harness
     reap``, beat's fan-out): every run's in-flight turns, then this host's sandboxes."""
-    if deps is None:
-        from worker import runtime
-
-        deps = runtime.deps()
     report = ReapReport()
     _reap_turns(deps, report)
     for backend in ("docker", "local"):

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
-from worker.store.publisher import Masker
+from worker.observe.masking import Masker
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "harness_log_context", default=None

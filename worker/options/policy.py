@@ -15,7 +15,6 @@ from sandbox.docker.egress import EgressConfig, Endpoint, base_url_endpoint
 from sandbox.store.seeding import SeedError, check_repo_url
 from worker.errors import InvalidInput
 from worker.options.spec import RunOptions
-from worker.permissions import requests as permissions
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
                 f"--repo: {exc} (operator policy HARNESS_REPO_SCHEMES, HARNESS_REPO_HOSTS)"
             ) from None
     warnings = capability_warnings(options)
-    permissions.check_posture(options, settings)
+    check_posture(options, settings)
     return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
 
 
@@ -192,6 +191,19 @@ def _limits(options: RunOptions, settings: Settings) -> tuple[str, float, int]:
             "(HARNESS_MAX_PIDS)"
         )
     return memory, cpus, pids
+
+
+def check_posture(options: RunOptions, settings: Settings) -> None:
+    """Refuse ``--posture ask`` where the operator forbids it or the harness cannot ask."""
+    if options.posture != "ask":
+        return
+    if not settings.permission_ask:
+        raise InvalidInput("--posture ask is not allowed by the operator (HARNESS_PERMISSION_ASK)")
+    if not adapters.get(options.harness).CAPABILITIES.permission_ask:
+        raise InvalidInput(
+            f"{options.harness} cannot hand us a permission decision live (capability "
+            "permission_ask is false): use --posture strict, auto or dangerous"
+        )
 
 
 def egress_config(settings: Settings) -> EgressConfig:

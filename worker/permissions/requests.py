@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import adapters
 from adapters.asks import DENIED_MESSAGE, Ask, Decision
 from adapters.events import (
     PERMISSION_INPUT_LIMIT,
@@ -42,18 +41,17 @@ from adapters.events import (
     SessionError,
 )
 from adapters.protocol import Adapter, AdapterState
-from config import Settings
 from sandbox.base import Process
 from worker.errors import AnswerRefused, InvalidInput, RequestNotFound
+from worker.observe.masking import Masker
 from worker.options.spec import RunOptions
 from worker.permissions import rules as permission_rules
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
 from worker.store.lua import scripts
-from worker.store.publisher import Masker
 
 if TYPE_CHECKING:
-    from worker.turn.deps import TurnDeps
+    from worker.deps import TurnDeps
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +69,6 @@ def who() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"{user}@{socket.gethostname()}"[:200]
-
-
-def check_posture(options: RunOptions, settings: Settings) -> None:
-    """Refuse ``--posture ask`` where the operator forbids it or the harness cannot ask."""
-    if options.posture != "ask":
-        return
-    if not settings.permission_ask:
-        raise InvalidInput("--posture ask is not allowed by the operator (HARNESS_PERMISSION_ASK)")
-    if not adapters.get(options.harness).CAPABILITIES.permission_ask:
-        raise InvalidInput(
-            f"{options.harness} cannot hand us a permission decision live (capability "
-            "permission_ask is false): use --posture strict, auto or dangerous"
-        )
 
 
 def gate_for(

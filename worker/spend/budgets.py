@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from adapters.events import (
     AssistantText,
@@ -40,8 +40,30 @@ from worker.errors import InvalidInput
 from worker.options.spec import RunOptions
 from worker.store.records import RunRecord
 
-if TYPE_CHECKING:  # the client imports this module: it must not load the turn loop
-    from worker.turn.attempt import Publishing, UsageTotals
+
+class Halting(Protocol):
+    """What a turn's read loop keeps of a limit crossed by an event already published."""
+
+    halt: SessionError | None
+
+
+@dataclass
+class UsageTotals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float | None = None
+
+    def add(self, usage: Usage) -> None:
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cached_input_tokens += usage.cached_input_tokens
+        if usage.cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + usage.cost_usd
+
+    def as_tuple(self) -> tuple[int, int, int, float | None]:
+        return (self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cost_usd)
+
 
 LIMITS: tuple[str, ...] = ("max_cost_usd", "max_tokens", "max_turns", "max_wall_s")
 """The budget's limits, as the run options, the record's ``budget`` and the CLI name them."""
@@ -296,7 +318,7 @@ class Guard:
         return over.error("during the turn")
 
     def stop_check(
-        self, inner: Callable[[], SessionError | None], out: Publishing
+        self, inner: Callable[[], SessionError | None], out: Halting
     ) -> Callable[[], SessionError | None]:
         """What the read loop asks every poll: a limit crossed by a usage event already
         published (``out.halt``), then ``inner`` (cancel, shutdown), then the wall clock."""

@@ -41,11 +41,11 @@ from typing import Any
 
 from adapters.events import Event, Parked, SessionError
 from config import Settings
+from worker.deps import TurnDeps
 from worker.options.spec import RunOptions, TurnPayload
 from worker.store import lua, queued
 from worker.store.queued import QueuedTurn
 from worker.store.records import RunRecord
-from worker.turn.deps import TurnDeps
 
 log = logging.getLogger(__name__)
 

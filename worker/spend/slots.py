@@ -34,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.deps import TurnDeps
 from worker.options.spec import RunOptions, TurnPayload
 from worker.store import lua, queued
 from worker.store.status import EXECUTING
-from worker.turn.deps import TurnDeps
 
 log = logging.getLogger(__name__)
 

@@ -12,51 +12,26 @@ after that turn's terminal.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from adapters.events import Event
 from worker.observe import metrics
+from worker.observe.masking import Masker
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
 from worker.store.lua import scripts
 
 log = logging.getLogger(__name__)
 
-MASK = "[masked]"
 SCRIPT_BATCH = 1000
 """Events per script call: Redis runs a call whole, and 1,000 XADDs take it about 3 ms."""
 SCRIPT_MIN = 16
 """Fewer events than this go as pipelined XADDs: a script call costs Redis ~5-10 us of its
 own, which a batch of one or two events would pay alone (docs/performance.md, row 10)."""
 _DUPLICATE_ID = "equal or smaller than the target stream top item"
-
-
-class Masker:
-    """Replaces granted secret values wherever they appear in published text."""
-
-    def __init__(self, secrets: Mapping[str, str] | Iterable[str] = ()) -> None:
-        values = secrets.values() if isinstance(secrets, Mapping) else secrets
-        forms: set[str] = set()
-        for value in values:
-            if len(value) < 4:  # too short to mask without destroying ordinary text
-                continue
-            forms.add(value)
-            forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
-            forms.add(json.dumps(value)[1:-1])
-        self._forms = sorted(forms, key=len, reverse=True)
-
-    def __bool__(self) -> bool:
-        return bool(self._forms)
-
-    def mask(self, text: str) -> str:
-        for form in self._forms:
-            if form in text:
-                text = text.replace(form, MASK)
-        return text
 
 
 class RedisStreamPublisher:

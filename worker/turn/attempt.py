@@ -18,6 +18,7 @@ from adapters.protocol import ExitInfo
 from adapters.stream import DEFAULT_MAX_LINE_BYTES, StreamDriver
 from sandbox.base import Process
 from worker.permissions.requests import Gate
+from worker.spend.budgets import UsageTotals
 from worker.store.publisher import RedisStreamPublisher
 
 log = logging.getLogger(__name__)
@@ -40,24 +41,6 @@ class Limits:
     exit_grace_s: float
     kill_grace_s: float
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-
-
-@dataclass
-class UsageTotals:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    cost_usd: float | None = None
-
-    def add(self, usage: Usage) -> None:
-        self.input_tokens += usage.input_tokens
-        self.output_tokens += usage.output_tokens
-        self.cached_input_tokens += usage.cached_input_tokens
-        if usage.cost_usd is not None:
-            self.cost_usd = (self.cost_usd or 0.0) + usage.cost_usd
-
-    def as_tuple(self) -> tuple[int, int, int, float | None]:
-        return (self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cost_usd)
 
 
 @dataclass

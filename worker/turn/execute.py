@@ -42,8 +42,10 @@ from sandbox.base import (
     SandboxError,
 )
 from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
+from worker.deps import Shutdown, TurnDeps
 from worker.errors import InvalidInput, RunNotFound
 from worker.observe import logs, metrics
+from worker.observe.masking import Masker
 from worker.options.policy import (
     Resolved,
     check_input,
@@ -57,12 +59,12 @@ from worker.permissions import requests as permissions
 from worker.spend import budgets, parking, slots
 from worker.store import credentials
 from worker.store.credentials import CREDENTIAL_ENV
-from worker.store.publisher import Masker, RedisStreamPublisher, last_seq
+from worker.store.publisher import RedisStreamPublisher, last_seq
 from worker.store.records import RecordChanges, RunRecord
 from worker.store.status import RunStatus
+from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.turn import attempt
-from worker.turn.deps import Shutdown, TurnDeps
-from worker.turn.life import TurnLife, TurnRef, end_unclaimed_turn
+from worker.turn.life import TurnLife
 from worker.workspace import steps as workspace_steps
 
 __all__ = ["Shutdown", "TurnDeps", "close_lost_turn", "execute_turn"]

@@ -17,11 +17,11 @@ from typing import Any, BinaryIO, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox.base import SandboxError, SnapshotError
+from worker.deps import TurnDeps
 from worker.errors import RunNotFound
 from worker.options.spec import RUN_ID
 from worker.store.status import FINISHED, IN_FLIGHT
 from worker.store.transfer import BinaryRedis, ReaderGone, ReplyWriter
-from worker.turn.deps import TurnDeps
 from worker.workspace.steps import RunWorkspace, change_event, encode_rewind, run_workspace
 
 log = logging.getLogger(__name__)

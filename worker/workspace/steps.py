@@ -34,12 +34,12 @@ from sandbox.store.seeding import (
 )
 from sandbox.store.snapshots import SnapshotLimits, SnapshotStore, SnapshotSummary
 from sandbox.workspace import make_owned_workspace, workspace_dir
+from worker.deps import TurnDeps
 from worker.errors import InvalidInput
 from worker.options.spec import RunOptions
 from worker.store.keys import Keys, SyncRedis
 from worker.store.records import RecordChanges
 from worker.store.transfer import BinaryRedis, binary_client, receive_upload
-from worker.turn.deps import TurnDeps
 
 log = logging.getLogger(__name__)
 
