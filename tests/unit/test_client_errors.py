@@ -276,6 +276,13 @@ def test_broker_down_at_a_later_turn_sets_the_run_idle_again(private_env: Isolat
     assert record["status"] == "idle"
     assert "could not be sent" in record["last_error"]
     assert not r.exists(private_env.keys.turn_queued(RUN_ID, 2))
+    # The unsent turn left no trace: its number is given back, so no wait for it hangs and
+    # the next turn is turn 2, counted once against --max-turns.
+    assert (record["turns"], record["current_turn"]) == (1, 1)
+    assert not r.exists(private_env.keys.events(RUN_ID))
+    with pytest.raises(Unavailable, match="turn 2 was not sent"):
+        client.submit_turn(RUN_ID, "and again")
+    assert client.status(RUN_ID)["turns"] == 1
 
 
 # -- harness events --follow through an outage ----------------------------------------------------
