@@ -141,6 +141,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        redirect_slashes=False,  # a strict API: /v1/runs/ is no /v1/runs, and says 404
     )
     app.state.api = state
     errors.install(app)
