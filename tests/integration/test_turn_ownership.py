@@ -40,6 +40,7 @@ def slow_server(tmp_path: Path) -> Iterator[GitServer]:
 
 @pytest.mark.celery
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_clone_slower_than_the_heartbeat_and_a_reap_pass_ends_its_turn_once_complete(
     shared_env: Env, slow_server: GitServer
 ) -> None:
