@@ -104,10 +104,22 @@ class _Event(BaseModel):
 
 
 class TurnStarted(_Event):
+    """The turn's first event. ``trace_id`` (32 hex digits) names the OpenTelemetry trace of
+    the turn when the worker traces (``OTEL_EXPORTER_OTLP_ENDPOINT`` set); it is left out of
+    the data otherwise."""
+
     type: Literal["turn-started"] = "turn-started"
     harness: str
     attempt: int = 1
     input_chars: int
+    trace_id: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _trace_id_only_when_traced(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.trace_id is None:
+            data.pop("trace_id", None)
+        return data
 
 
 class Session(_Event):

@@ -43,7 +43,12 @@ BOOL = {"boolean"}
 ARRAY = {"array"}
 
 CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
-    "turn-started": {"harness": STRING, "attempt": INT, "input_chars": INT},
+    "turn-started": {  # trace_id: traces (CONTRACT.md, "Next additions")
+        "harness": STRING,
+        "attempt": INT,
+        "input_chars": INT,
+        "trace_id": OPT_STRING,
+    },
     "session": {"session_id": STRING, "resumed": BOOL, "model": OPT_STRING},
     "assistant-text": {"text": STRING},
     "sandbox-activity": {  # host, port, denied: kind network (CONTRACT.md, "Next additions")
@@ -153,6 +158,7 @@ CONTRACT_RETRYABLE = {
 
 SAMPLES = [
     TurnStarted(harness="stdio-json", attempt=2, input_chars=11),
+    TurnStarted(harness="stdio-json", input_chars=3, trace_id="4bf92f3577b34da6a3ce929d0e0e4736"),
     Session(session_id="s-1", resumed=True, model="m-1"),
     Session(session_id="s-2", resumed=False),
     AssistantText(text='héllo\n"quoted"'),
@@ -273,6 +279,14 @@ def test_data_json_escapes_text_as_json_dumps_does(text: str) -> None:
 
 def test_data_json_replaces_lone_surrogate_when_text_has_one() -> None:
     assert json.loads(AssistantText(text="a\ud800b").data_json()) == {"text": "a?b"}
+
+
+def test_turn_started_data_leaves_trace_id_out_when_untraced() -> None:
+    assert json.loads(TurnStarted(harness="pi", input_chars=1).data_json()) == {
+        "harness": "pi",
+        "attempt": 1,
+        "input_chars": 1,
+    }
 
 
 def test_data_json_writes_null_when_cost_not_finite() -> None:
