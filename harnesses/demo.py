@@ -51,6 +51,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 STUBBORN_CHILD = (
@@ -169,115 +170,193 @@ def read_input() -> str:
     return sys.stdin.buffer.read().decode("utf-8", errors="replace")
 
 
+Directive = Callable[[str, list[str], str], None]
+"""One ``@NAME rest`` line of a script: called with ``rest``, its words, and the whole line."""
+
+
+def _text(rest: str, args: list[str], raw: str) -> None:
+    emit({"type": "text", "text": rest})
+
+
+def _activity(rest: str, args: list[str], raw: str) -> None:
+    kind = args[0] if args else "other"
+    emit({"type": "activity", "kind": kind, "description": " ".join(args[1:])})
+
+
+def _permission(rest: str, args: list[str], raw: str) -> None:
+    decision = ask(rest, None)
+    if decision is not None:
+        said = decision.get("decision")
+        note = f" ({decision['message']})" if decision.get("message") else ""
+        emit({"type": "text", "text": f"{said}: {rest}{note}"})
+
+
+def _ask(rest: str, args: list[str], raw: str) -> None:
+    decision = ask(f"run {rest}", rest)
+    if decision is None or decision.get("decision") == "allow":
+        result = subprocess.run(args, capture_output=True, text=True, check=False)
+        emit({"type": "activity", "kind": "command", "description": rest})
+        emit({"type": "text", "text": (result.stdout + result.stderr).strip()})
+    else:
+        note = decision.get("message") or "denied"
+        emit({"type": "text", "text": f"not running {rest}: {note}"})
+
+
+def _usage(rest: str, args: list[str], raw: str) -> None:
+    cost = float(args[2]) if len(args) > 2 else None
+    emit(
+        {
+            "type": "usage",
+            "input_tokens": int(args[0]),
+            "output_tokens": int(args[1]),
+            "cost_usd": cost,
+        }
+    )
+
+
+def _sleep(rest: str, args: list[str], raw: str) -> None:
+    time.sleep(float(args[0]))
+
+
+def _stream(rest: str, args: list[str], raw: str) -> None:
+    delay = float(args[1]) if len(args) > 1 else 0.1
+    for i in range(int(args[0])):
+        emit({"type": "text", "text": f"line {i}"})
+        time.sleep(delay)
+
+
+def _flood(rest: str, args: list[str], raw: str) -> None:
+    out = sys.stdout
+    for i in range(int(args[0])):
+        out.write(f'{{"type":"text","text":"flood {i}"}}\n')
+    out.flush()
+
+
+def _stamp(rest: str, args: list[str], raw: str) -> None:
+    for i in range(int(args[0])):
+        emit({"type": "text", "text": f"{time.time():.6f} {i}"})
+        time.sleep(float(args[1]) if len(args) > 1 else 0.005)
+
+
+def _bigline(rest: str, args: list[str], raw: str) -> None:
+    size = int(args[0])
+    chunk = b"x" * (1 << 20)
+    sys.stdout.buffer.write(b'{"type":"text","text":"')
+    while size > 0:
+        sys.stdout.buffer.write(chunk[: min(size, len(chunk))])
+        size -= len(chunk)
+    sys.stdout.buffer.write(b"\n")
+    sys.stdout.buffer.flush()
+
+
+def _fill(rest: str, args: list[str], raw: str) -> None:
+    fill(int(args[0]), int(args[1]) if len(args) > 1 else 1024)
+
+
+def _garbage(rest: str, args: list[str], raw: str) -> None:
+    sys.stdout.write("this is a banner, not JSON\n[1, 2, 3]\n")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(b'{"type":"text","text":"bad \xff\xfe bytes"}\n')
+    sys.stdout.buffer.flush()
+
+
+def _stderr(rest: str, args: list[str], raw: str) -> None:
+    sys.stderr.write(rest + "\n")
+    sys.stderr.flush()
+
+
+def _env(rest: str, args: list[str], raw: str) -> None:
+    emit({"type": "text", "text": f"{args[0]}={os.environ.get(args[0], '<unset>')}"})
+
+
+def _run(rest: str, args: list[str], raw: str) -> None:
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    emit({"type": "activity", "kind": "command", "description": " ".join(args)})
+    emit({"type": "text", "text": (result.stdout + result.stderr).strip()})
+
+
+def _allocate(rest: str, args: list[str], raw: str) -> None:
+    held = bytearray(int(args[0]) * 1024 * 1024)
+    for i in range(0, len(held), 4096):
+        held[i] = 1  # touch every page so it is really resident
+    emit({"type": "text", "text": f"holding {args[0]} MiB"})
+    _HELD.append(held)
+
+
+_HELD: list[bytearray] = []
+"""What ``@allocate`` holds until the process exits."""
+
+
+def _ignore_term(rest: str, args: list[str], raw: str) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _fork(rest: str, args: list[str], raw: str) -> None:
+    for _ in range(int(args[0])):
+        subprocess.Popen([sys.executable, "-c", STUBBORN_CHILD])
+
+
+def _error(rest: str, args: list[str], raw: str) -> None:
+    emit({"type": "error", "message": rest or "scripted failure"})
+
+
+def _limit(rest: str, args: list[str], raw: str) -> None:
+    if limited(raw, int(args[0])):
+        error: dict[str, object] = {"type": "error", "reason": args[1]}
+        error["message"] = f"scripted limit: {args[1]}"
+        if len(args) > 2:
+            error["retry_after_s"] = float(args[2])
+        emit(error)
+        sys.exit(0)
+
+
+def _complete(rest: str, args: list[str], raw: str) -> None:
+    emit({"type": "complete", "text": rest})
+
+
+def _exit(rest: str, args: list[str], raw: str) -> None:
+    sys.exit(int(args[0]) if args else 0)
+
+
+def _twice(rest: str, args: list[str], raw: str) -> None:
+    emit({"type": "complete", "text": "first"})
+    emit({"type": "complete", "text": "second"})
+
+
+DIRECTIVES: dict[str, Directive] = {
+    "text": _text,
+    "activity": _activity,
+    "permission": _permission,
+    "ask": _ask,
+    "usage": _usage,
+    "sleep": _sleep,
+    "stream": _stream,
+    "flood": _flood,
+    "stamp": _stamp,
+    "bigline": _bigline,
+    "fill": _fill,
+    "garbage": _garbage,
+    "stderr": _stderr,
+    "env": _env,
+    "run": _run,
+    "allocate": _allocate,
+    "ignore-term": _ignore_term,
+    "fork": _fork,
+    "error": _error,
+    "limit": _limit,
+    "complete": _complete,
+    "exit": _exit,
+    "twice": _twice,
+}
+"""Every directive of a script, by name (an unknown one is skipped)."""
+
+
 def run_script(lines: list[str]) -> None:
     for raw in lines:
         name, _, rest = raw[1:].partition(" ")
-        args = rest.split()
-        if name == "text":
-            emit({"type": "text", "text": rest})
-        elif name == "activity":
-            emit(
-                {
-                    "type": "activity",
-                    "kind": args[0] if args else "other",
-                    "description": " ".join(args[1:]),
-                }
-            )
-        elif name == "permission":
-            decision = ask(rest, None)
-            if decision is not None:
-                said = decision.get("decision")
-                note = f" ({decision['message']})" if decision.get("message") else ""
-                emit({"type": "text", "text": f"{said}: {rest}{note}"})
-        elif name == "ask":
-            decision = ask(f"run {rest}", rest)
-            if decision is None or decision.get("decision") == "allow":
-                result = subprocess.run(args, capture_output=True, text=True, check=False)
-                emit({"type": "activity", "kind": "command", "description": rest})
-                emit({"type": "text", "text": (result.stdout + result.stderr).strip()})
-            else:
-                note = decision.get("message") or "denied"
-                emit({"type": "text", "text": f"not running {rest}: {note}"})
-        elif name == "usage":
-            cost = float(args[2]) if len(args) > 2 else None
-            emit(
-                {
-                    "type": "usage",
-                    "input_tokens": int(args[0]),
-                    "output_tokens": int(args[1]),
-                    "cost_usd": cost,
-                }
-            )
-        elif name == "sleep":
-            time.sleep(float(args[0]))
-        elif name == "stream":
-            delay = float(args[1]) if len(args) > 1 else 0.1
-            for i in range(int(args[0])):
-                emit({"type": "text", "text": f"line {i}"})
-                time.sleep(delay)
-        elif name == "flood":
-            out = sys.stdout
-            for i in range(int(args[0])):
-                out.write(f'{{"type":"text","text":"flood {i}"}}\n')
-            out.flush()
-        elif name == "stamp":
-            for i in range(int(args[0])):
-                emit({"type": "text", "text": f"{time.time():.6f} {i}"})
-                time.sleep(float(args[1]) if len(args) > 1 else 0.005)
-        elif name == "bigline":
-            size = int(args[0])
-            chunk = b"x" * (1 << 20)
-            sys.stdout.buffer.write(b'{"type":"text","text":"')
-            while size > 0:
-                sys.stdout.buffer.write(chunk[: min(size, len(chunk))])
-                size -= len(chunk)
-            sys.stdout.buffer.write(b"\n")
-            sys.stdout.buffer.flush()
-        elif name == "fill":
-            fill(int(args[0]), int(args[1]) if len(args) > 1 else 1024)
-        elif name == "garbage":
-            sys.stdout.write("this is a banner, not JSON\n[1, 2, 3]\n")
-            sys.stdout.flush()
-            sys.stdout.buffer.write(b'{"type":"text","text":"bad \xff\xfe bytes"}\n')
-            sys.stdout.buffer.flush()
-        elif name == "stderr":
-            sys.stderr.write(rest + "\n")
-            sys.stderr.flush()
-        elif name == "env":
-            emit({"type": "text", "text": f"{args[0]}={os.environ.get(args[0], '<unset>')}"})
-        elif name == "run":
-            result = subprocess.run(args, capture_output=True, text=True, check=False)
-            emit({"type": "activity", "kind": "command", "description": " ".join(args)})
-            emit({"type": "text", "text": (result.stdout + result.stderr).strip()})
-        elif name == "allocate":
-            held = bytearray(int(args[0]) * 1024 * 1024)
-            for i in range(0, len(held), 4096):
-                held[i] = 1  # touch every page so it is really resident
-            emit({"type": "text", "text": f"holding {args[0]} MiB"})
-        elif name == "ignore-term":
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        elif name == "fork":
-            for _ in range(int(args[0])):
-                subprocess.Popen(
-                    [sys.executable, "-c", STUBBORN_CHILD],
-                )
-        elif name == "error":
-            emit({"type": "error", "message": rest or "scripted failure"})
-        elif name == "limit":
-            if limited(raw, int(args[0])):
-                error: dict[str, object] = {"type": "error", "reason": args[1]}
-                error["message"] = f"scripted limit: {args[1]}"
-                if len(args) > 2:
-                    error["retry_after_s"] = float(args[2])
-                emit(error)
-                sys.exit(0)
-        elif name == "complete":
-            emit({"type": "complete", "text": rest})
-        elif name == "exit":
-            sys.exit(int(args[0]) if args else 0)
-        elif name == "twice":
-            emit({"type": "complete", "text": "first"})
-            emit({"type": "complete", "text": "second"})
+        directive = DIRECTIVES.get(name)
+        if directive is not None:
+            directive(rest, rest.split(), raw)
 
 
 def main() -> None:
