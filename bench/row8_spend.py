@@ -21,6 +21,7 @@ from bench.stats import p50
 from bench.table import Figure, RowResult
 from bench.worker import REDIS_URL, delete_keys
 from config import load_settings
+from worker.deps import Shutdown, TurnDeps
 from worker.options.spec import RunOptions, TurnPayload
 from worker.spend import slots
 from worker.spend.budgets import Guard
@@ -28,7 +29,6 @@ from worker.store.keys import Keys, SyncRedis
 from worker.store.publisher import RedisStreamPublisher
 from worker.store.records import RunRecord, RunStore
 from worker.turn.attempt import Publishing
-from worker.deps import Shutdown, TurnDeps
 
 SIZES = {"full": (200_000, 7, 2000), "quick": (50_000, 5, 500), "smoke": (2_000, 2, 50)}
 """Profile -> (events per stream, repeats, slot acquisitions)."""

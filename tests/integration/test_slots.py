@@ -153,10 +153,10 @@ def test_the_reaper_gives_back_a_slot_held_by_a_lost_worker(
 def test_a_turn_cancelled_while_it_waits_holds_up_nobody(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from worker.deps import Shutdown, TurnDeps
     from worker.options.spec import RunOptions, TurnPayload
     from worker.spend import slots
     from worker.store.records import RunStore
-    from worker.deps import Shutdown, TurnDeps
 
     monkeypatch.setenv("DEMO_TOKEN", KEY_VALUE)
     settings = env.settings(key_slots="DEMO_TOKEN=1")
