@@ -196,9 +196,7 @@ def test_worker_on_a_taken_metrics_port_runs_on_without_metrics(
         workers.append(worker)
         _, terminal = run(env.client(), "still working")
         assert terminal.type == "turn-complete"
-    entries = [
-        json.loads(line) for line in worker.logs().splitlines() if line.startswith("{")
-    ]
+    entries = [json.loads(line) for line in worker.logs().splitlines() if line.startswith("{")]
     unavailable = [e for e in entries if e["event"] == "metrics.unavailable"]
     assert unavailable and unavailable[0]["port"] == port and unavailable[0]["fix"]
 

@@ -156,9 +156,7 @@ def test_turn_no_worker_took_is_sent_again_and_runs_once(
     assert terminal.type == "turn-complete"
     wait_for(lambda: env.redis().llen(queue) == 0, timeout=10, what="every copy taken")
     if not message_lost:  # the second copy was delivered, seen as this turn's, and dropped
-        wait_for(
-            lambda: "turn.duplicate_" in worker.logs(), timeout=10, what="duplicate seen"
-        )
+        wait_for(lambda: "turn.duplicate_" in worker.logs(), timeout=10, what="duplicate seen")
     else:
         assert "turn.duplicate_" not in worker.logs()
     events = [e for e in client.events(run_id) if e.turn == 1]

@@ -116,9 +116,7 @@ def test_a_cancel_racing_a_claim_leaves_one_terminal_the_record_agrees_with(
         payload = TurnPayload(run_id=run_id, turn=1, input="@complete done")
         go = threading.Barrier(2)
 
-        def work(
-            payload: TurnPayload = payload, go: threading.Barrier = go, i: int = i
-        ) -> None:
+        def work(payload: TurnPayload = payload, go: threading.Barrier = go, i: int = i) -> None:
             go.wait()
             if i % 3 == 1:
                 time.sleep(0.002 * (i % 5))
