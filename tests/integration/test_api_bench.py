@@ -10,6 +10,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -70,7 +71,7 @@ async def _sse(
 
 
 @pytest.fixture
-def bench_api(env: Env) -> ApiProcess:
+def bench_api(env: Env) -> Iterator[ApiProcess]:
     server = start_api(env, "bench")
     server.add_tenant("acme")
     yield server

@@ -52,10 +52,13 @@ def format_event(entry: Entry) -> str:
 @dataclass(eq=False)
 class Subscription:
     run_id: str
+    key: str
     queue: asyncio.Queue[Entry]
-    backlog: list[Entry]
     after: str
     """Entries up to this id were delivered before (skipped if the hub brings them)."""
+    upto: str | None
+    """The client reads its backlog, after ``after`` up to this id, itself; the hub's queue
+    has what comes after it. None: no backlog."""
 
 
 @dataclass(eq=False)
@@ -102,31 +105,39 @@ class StreamHub:
 
     async def subscribe(self, run_id: str, after: str) -> Subscription:
         """A client of ``run_id``'s stream from after ``after`` (``0-0``: the start)."""
-        queue: asyncio.Queue[Entry] = asyncio.Queue(QUEUE_MAX)
         run = self._runs.get(run_id)
         if run is None:
             key = self.keys.events(run_id)
-            backlog = await self._range(key, after, "+")
+            newest = await self.pool.xrevrange(key, count=1)
             run = self._runs.get(run_id)
-            if run is None:  # still untracked after the read: the hub goes on from its end
-                run = _Run(key, backlog[-1][0] if backlog else after)
-                if backlog:
-                    run.last = (entry_key(backlog[-1][0])[0], backlog[-1][1])
+            if run is None:  # still untracked after the read: the hub goes on from the end
+                end = newest[0][0] if newest else "0-0"
+                run = _Run(key, max(end, after, key=entry_key))
+                if newest:
+                    run.last = (entry_key(end)[0], newest[0][1].get("type", ""))
                 self._runs[run_id] = run
                 self._by_key[key] = run_id
-                sub = Subscription(run_id, queue, backlog, after)
-                run.subscribers.add(sub)
                 self._wake.set()
-                return sub
-        # Tracked: the hub delivers what comes after its cursor; what lies between the
-        # client's id and that cursor is read here (the queue is joined first, so nothing
-        # the hub reads meanwhile is lost).
-        upto = run.cursor
-        sub = Subscription(run_id, queue, [], after)
+        # The hub delivers what comes after its cursor; what lies between the client's id
+        # and that cursor the client reads itself (it joins the queue first, so nothing the
+        # hub reads meanwhile is lost).
+        upto = run.cursor if entry_key(after) < entry_key(run.cursor) else None
+        sub = Subscription(run_id, run.key, asyncio.Queue(QUEUE_MAX), after, upto)
         run.subscribers.add(sub)
-        if entry_key(after) < entry_key(upto):
-            sub.backlog = await self._range(run.key, after, upto)
         return sub
+
+    async def backlog(self, sub: Subscription) -> AsyncIterator[Entry]:
+        """What the client missed, a page at a time (never a whole stream in memory)."""
+        if sub.upto is None:
+            return
+        low = sub.after
+        while True:
+            entries = await self.pool.xrange(sub.key, min=f"({low}", max=sub.upto, count=1000)
+            for entry_id, fields in entries:
+                yield (entry_id, fields.get("type", ""), fields.get("data", "null"))
+            if len(entries) < 1000:
+                return
+            low = entries[-1][0]
 
     def unsubscribe(self, sub: Subscription) -> None:
         run = self._runs.get(sub.run_id)
@@ -136,16 +147,6 @@ class StreamHub:
         if not run.subscribers:
             del self._runs[sub.run_id]
             self._by_key.pop(run.key, None)
-
-    async def _range(self, key: str, after: str, upto: str) -> list[Entry]:
-        found: list[Entry] = []
-        low = after
-        while True:
-            entries = await self.pool.xrange(key, min=f"({low}", max=upto, count=1000)
-            found += [(i, f.get("type", ""), f.get("data", "null")) for i, f in entries]
-            if len(entries) < 1000:
-                return found
-            low = entries[-1][0]
 
     async def run(self) -> None:
         """Read, fan out and end streams until cancelled; Redis faults are waited out."""
@@ -235,7 +236,7 @@ async def stream(hub: StreamHub, run_id: str, after: str, keepalive_s: float) ->
     seen = entry_key(after)
     try:
         yield ": stream open\n\n"
-        for entry in sub.backlog:
+        async for entry in hub.backlog(sub):
             seen = entry_key(entry[0])
             yield format_event(entry)
         while True:
