@@ -58,6 +58,7 @@ def test_a_run_is_driven_through_the_api(api: ApiProcess) -> None:  # noqa: F811
         assert first["data"]["text"] == "You said: hello api"
         record = http.get(f"/v1/runs/{run_id}").json()
         assert record["status"] == "idle" and record["tenant"] == "acme"
+        assert record["options"]["producer"] == "acme"  # a key's slots: fair across tenants
         assert record["labels"] == {"team": "blue"}
         events = http.get(f"/v1/runs/{run_id}/events").json()
         after = http.get(f"/v1/runs/{run_id}/events", params={"after": events[2]["id"]}).json()
@@ -179,9 +180,10 @@ def test_errors_are_json_with_the_right_status(api: ApiProcess, tmp_path: Any) -
         assert no_input.json()["error"]["path"] == "body.input"
         bad_label = http.post("/v1/runs", json={**RUN, "input": "x", "labels": {"k": 3}})
         assert bad_label.status_code == 422 and bad_label.json()["error"]["path"] == "body.labels.k"
-        unknown_field = http.post("/v1/runs", json={**RUN, "input": "x", "colour": "red"})
-        assert unknown_field.status_code == 422
-        assert unknown_field.json()["error"]["path"] == "body.colour"
+        for field, value in (("colour", "red"), ("producer", "someone-else"), ("archive", "/etc")):
+            unknown_field = http.post("/v1/runs", json={**RUN, "input": "x", field: value})
+            assert unknown_field.status_code == 422
+            assert unknown_field.json()["error"]["path"] == f"body.{field}"
         bad_harness = http.post("/v1/runs", json={"harness": "nope", "input": "x"})
         assert bad_harness.status_code == 400
         assert "unknown harness" in bad_harness.json()["error"]["message"]

@@ -85,7 +85,7 @@ async def create_run(request: Request, body: schemas.RunCreate, tenant: TenantDe
     fields = body.model_dump(exclude_none=True)
     harness, text = fields.pop("harness"), fields.pop("input")
     webhook_url = fields.pop("webhook_url", None) or tenant.webhook_url
-    options = apply_policy(tenant, harness, fields, api.settings)
+    options = apply_policy(tenant, harness, {**fields, "producer": tenant.name}, api.settings)
     if webhook_url:
         await run_in_threadpool(webhooks.check_url, webhook_url, api.api)
     run_id = await run_in_threadpool(
