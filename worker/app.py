@@ -19,6 +19,7 @@ from adapters import HARNESS_IDS
 from config import Settings, get_settings
 from worker import broker
 from worker.app_names import TASK_REAP, TASK_RUN_TURN, harness_queue
+from worker.observe import tracing
 from worker.store.queued import SendTurn
 
 
@@ -70,7 +71,19 @@ def create_app(settings: Settings | None = None) -> Celery:
         },
         timezone="UTC",
     )
+    if tracing.enabled():
+        _instrument_celery()
     return app
+
+
+def _instrument_celery() -> None:
+    """Celery's publish and consume as spans, the trace context in the message's headers (the
+    kept instrumentation; once per process, for every app)."""
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    instrumentor = CeleryInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
 
 
 def turn_sender(app: Celery) -> SendTurn:
@@ -112,5 +125,6 @@ def __getattr__(name: str) -> Celery:
     if _worker_app is None:
         broker.install()  # a broker restart must not take a worker with a turn in flight down
         _flower_defaults()
+        tracing.setup("harness-worker")
         _worker_app = create_app()
     return _worker_app

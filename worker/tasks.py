@@ -12,6 +12,7 @@ from celery import Task
 from celery.signals import (
     celeryd_after_setup,
     setup_logging,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
     worker_shutting_down,
@@ -31,7 +32,7 @@ from worker.app_names import (
 )
 from worker.errors import RunNotFound
 from worker.fleet import host_queues, hosts, lifecycle
-from worker.observe import logs, metrics
+from worker.observe import logs, metrics, tracing
 from worker.options.spec import TurnPayload
 from worker.store.errors import REDIS_ERRORS
 from worker.store.terminal import TurnRef, end_unclaimed_turn
@@ -205,3 +206,10 @@ def _gone(**_: object) -> None:
             heartbeat.stop()
     except REDIS_ERRORS as exc:
         log.warning("host.heartbeat_stop_failed", extra={"error": str(exc)})
+    tracing.shutdown()  # the spans of the last turns, exported before the process exits
+
+
+@worker_process_shutdown.connect
+def _child_gone(**_: object) -> None:
+    """A prefork child exits: its batched spans go first."""
+    tracing.shutdown()

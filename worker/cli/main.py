@@ -24,6 +24,7 @@ from worker.cli import workspace as cli_workspace
 from worker.cli.render import Renderer
 from worker.cli.session import Handler, Session
 from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
+from worker.observe import tracing
 from worker.options.policy import not_utf8
 
 EXIT_STATUSES = f"""\
@@ -418,9 +419,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The command says what went wrong itself; the worker code it runs (reap, doctor) logs
     # only what it could not say: errors, as key=value lines on stderr.
     logging.basicConfig(level=logging.ERROR, format="harness: %(levelname)s %(message)s")
+    tracing.setup("harness")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
         _check_utf8_args(args)
-        return HANDLERS[args.command](args, Session(args))
+        if args.command in SERVERS:  # their requests are traces of their own
+            return HANDLERS[args.command](args, Session(args))
+        with tracing.span(f"harness {args.command}"):
+            return HANDLERS[args.command](args, Session(args))
     except SettingsError as exc:
         print(f"harness: {exc}", file=sys.stderr)
         return 2
@@ -433,6 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (for example `| head`); exit quietly as Unix tools do.
         sys.stderr.close()
         return 0
+    finally:
+        tracing.flush()  # a short-lived process: its batch would die with it
 
 
 def _doctor(args: argparse.Namespace, session: Session) -> int:
@@ -538,6 +545,9 @@ def _end(args: argparse.Namespace, session: Session) -> int:
     )
     return 0
 
+
+SERVERS = frozenset({"api", "tools"})
+"""Commands that serve until stopped: no span of the command around them."""
 
 HANDLERS: dict[str, Handler] = {
     "run": _run,

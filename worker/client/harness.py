@@ -40,6 +40,7 @@ from worker.errors import (
     Unavailable,
 )
 from worker.fleet import hosts
+from worker.observe import tracing
 from worker.options.policy import check_input, resolve
 from worker.options.spec import (
     TurnPayload,
@@ -218,6 +219,7 @@ class HarnessClient:
         """InvalidSettings when the settings (HARNESS_* variables) are not valid, a
         HARNESS_REDIS_URL that is not a Redis URL included."""
         self.settings = settings or _settings()
+        tracing.setup("harness-client")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
         self.keys = Keys(self.settings.key_prefix)
         self.redis: SyncRedis = redis_client(self.settings)
         self.store = RunStore(self.redis, self.keys, self.settings.retention_s)
@@ -250,6 +252,7 @@ class HarnessClient:
 
     # -- runs and turns -------------------------------------------------------------------
 
+    @tracing.traced("HarnessClient.start_run")
     @_translate
     def start_run(self, harness: str, input: str, **options: Any) -> str:
         """Create a run and enqueue its first turn; returns the run id.
@@ -320,6 +323,7 @@ class HarnessClient:
         runs, after = self.store.list_runs(tenant=tenant, where=where, limit=limit, cursor=cursor)
         return {"runs": runs, "cursor": after}
 
+    @tracing.traced("HarnessClient.submit_turn")
     @_translate
     def submit_turn(self, run_id: str, input: str) -> int:
         """Enqueue the run's next turn; returns its number. RunBusy while one is in flight.
@@ -377,6 +381,7 @@ class HarnessClient:
 
     def _send(self, run_id: str, turn: int, input: str, queue: str) -> None:
         payload = TurnPayload(run_id=run_id, turn=turn, input=input).model_dump()
+        tracing.current().set_attributes({"harness.run.id": run_id, "harness.turn": turn})
         entry = QueuedTurn.first(payload, queue, time.time())
         entry.write(self.redis, self.keys, run_id, turn, self.settings.retention_s)
         try:

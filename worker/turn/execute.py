@@ -44,7 +44,7 @@ from sandbox.base import (
 from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
 from worker.deps import Shutdown, TurnDeps
 from worker.errors import InvalidInput, RunNotFound
-from worker.observe import logs, metrics
+from worker.observe import logs, metrics, tracing
 from worker.observe.masking import Masker
 from worker.options.policy import (
     Resolved,
@@ -57,7 +57,7 @@ from worker.options.policy import (
 from worker.options.spec import RunOptions, TurnPayload
 from worker.permissions import requests as permissions
 from worker.spend import budgets, parking, slots
-from worker.store import credentials
+from worker.store import credentials, queued
 from worker.store.credentials import CREDENTIAL_ENV
 from worker.store.publisher import RedisStreamPublisher, last_seq
 from worker.store.records import RecordChanges, RunRecord
@@ -106,7 +106,9 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
     started, outcome = metrics.turn_started(options.harness), "failed:internal"
     deps.shutdown.enter()
     try:
-        life.patience.call(lambda: deps.redis.delete(deps.keys.turn_queued(run_id, turn)))
+        entry = life.patience.call(lambda: queued.take(deps.redis, deps.keys, run_id, turn))
+        if entry is not None:
+            tracing.past_span("queue wait", entry.first_sent_at, time.time())
         outcome = _run(deps, payload, options, life)
     except Exception as exc:
         log.exception("turn.internal_error", extra={"run_id": run_id, "turn": turn})
@@ -128,18 +130,19 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
 def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLife) -> str:
     """The steps of a claimed turn: admit it, prepare its workspace and sandbox, run the
     harness (again, fresh, when its resume is rejected), record what it did, and close."""
-    run = _TurnRun(deps, payload, options, life)
-    admitted = run.admit()
-    if isinstance(admitted, str):
-        return admitted
-    record, resolved, secrets = admitted
-    prepared = run.prepare(record, resolved)
-    if isinstance(prepared, str):
-        return prepared
-    sandbox, placement, work = prepared
-    request = run.request(record, resolved, placement, secrets)
-    terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
-    return run.finish(terminal, driver, record, resolved, sandbox, work)
+    with tracing.turn_span(options.harness, payload.run_id, payload.turn, options.model):
+        run = _TurnRun(deps, payload, options, life)
+        admitted = run.admit()
+        if isinstance(admitted, str):
+            return admitted
+        record, resolved, secrets = admitted
+        prepared = run.prepare(record, resolved)
+        if isinstance(prepared, str):
+            return prepared
+        sandbox, placement, work = prepared
+        request = run.request(record, resolved, placement, secrets)
+        terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
+        return run.finish(terminal, driver, record, resolved, sandbox, work)
 
 
 class _Refused(Exception):
@@ -162,7 +165,10 @@ class _TurnRun:
         self.out = attempt.Publishing(self._publisher(Masker()))
         life.usage = self.out.usage.as_tuple
         self.header = TurnStarted(
-            harness=options.harness, attempt=1, input_chars=len(payload.input)
+            harness=options.harness,
+            attempt=1,
+            input_chars=len(payload.input),
+            trace_id=tracing.trace_id(),
         )
         self.guard: budgets.Guard | None = None
         self.work_began = 0.0
@@ -240,14 +246,16 @@ class _TurnRun:
         workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
         if self.turn == 1:
             try:
-                seeded = workspace_steps.seed_first_turn(deps, run_id, work, self.options)
+                with tracing.span("seed workspace"):
+                    seeded = workspace_steps.seed_first_turn(deps, run_id, work, self.options)
             except InvalidInput as exc:
                 self.life.revoke_credential()
                 return self.refuse(session_error(str(exc), "invalid-input"), run_status="failed")
             if seeded is not None:
                 self.wait(lambda: deps.store.update(run_id, **seeded))
         try:
-            placement = self._place(sandbox, resolved, record)
+            with tracing.span("prepare sandbox", {"harness.sandbox": sandbox.backend}):
+                placement = self._place(sandbox, resolved, record)
         except _Refused as refused:
             return refused.label
         self._record_placement(placement, resolved)
@@ -363,11 +371,14 @@ class _TurnRun:
         self.work_began = time.time()
         gate = permissions.gate_for(deps, run_id, self.turn, self.options, out.publisher.masker)
 
+        env = tracing.harness_env()  # the turn's span: the harness's own spans are its children
+
         def one(req: TurnRequest, number: int) -> tuple[attempt.Outcome, StreamDriver]:
-            return _attempt(
-                self.adapter, req, sandbox, placement, secrets, out, limits, stop, number,
-                self.started, gate,
-            )  # fmt: skip
+            with tracing.span("exec", {"harness.attempt": number}):
+                return _attempt(
+                    self.adapter, req, sandbox, placement, secrets, out, limits, stop, number,
+                    self.started, gate, env, self.header.trace_id,
+                )  # fmt: skip
 
         outcome, driver = one(request, 1)
         terminal = _explain_kill(outcome.terminal, sandbox, run_id)
@@ -416,15 +427,19 @@ class _TurnRun:
         if resolved.network == "egress":
             _publish_denials(sandbox, run_id, self.work_began, out, self.options.harness)
         if settings.snapshots or self.options.push_branch:
-            change = workspace_steps.after_turn(
-                work, turn, self.payload.input, self.options, settings
-            )
+            with tracing.span("snapshot"):
+                change = workspace_steps.after_turn(
+                    work, turn, self.payload.input, self.options, settings
+                )
             out.send([change])
             if change.snapshot:
                 self.wait(lambda: deps.store.update(run_id, snapshot=change.snapshot))
         final_text = terminal.text if isinstance(terminal, TurnComplete) else None
         refused_next = self.guard.next_turn_refusal(out.usage) is not None
-        parked = parking.park(deps, self.payload, self.options, record, terminal, refused_next)
+        with tracing.span("park") as park_span:
+            parked = parking.park(deps, self.payload, self.options, record, terminal, refused_next)
+            if parked is not None:
+                park_span.set_attributes({"harness.resume_at": parked.resume_at})
         if parked is not None:
             out.send([parked.event])  # before the terminal: the turn's retry is scheduled
         spend = self.guard.changes()
@@ -433,6 +448,7 @@ class _TurnRun:
             # timeout; gemini names it only with its result): the id the harness announced is
             # still what the next turn resumes.
             spend["session_id"] = out.publisher.masker.mask(driver.state.session_id)
+        _record_turn(terminal, out, driver)
         label = _close(
             self.payload,
             out,
@@ -446,6 +462,26 @@ class _TurnRun:
         if parked is not None:
             parking.dispatch(deps, parked)
         return label
+
+
+def _record_turn(terminal: Event, out: attempt.Publishing, driver: StreamDriver) -> None:
+    """What the harness reported, on the turn's span (masked as the run record keeps it)."""
+    if not tracing.enabled():
+        return
+    mask = out.publisher.masker.mask
+    session = terminal.session_id if isinstance(terminal, TurnComplete) else None
+    model = terminal.model if isinstance(terminal, TurnComplete) else None
+    for announced in out.sessions:
+        session, model = session or announced.session_id, model or announced.model
+    session = session or driver.state.session_id
+    reason = terminal.reason if isinstance(terminal, SessionError) else None
+    tracing.record_turn(
+        outcome="completed" if reason is None else f"failed:{reason}",
+        input_tokens=out.usage.input_tokens,
+        output_tokens=out.usage.output_tokens,
+        session_id=mask(session) if session else None,
+        model=mask(model) if model else None,
+    )
 
 
 def _egress_labels(network: str, options: RunOptions) -> dict[str, str]:
@@ -516,11 +552,13 @@ def _attempt(
     number: int,
     started: Callable[[], None],
     gate: permissions.Gate | None = None,
+    trace_env: dict[str, str] | None = None,
+    trace_id: str | None = None,
 ) -> tuple[attempt.Outcome, StreamDriver]:
     driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
     head = driver.start()
     if number == 1:
-        out.send(head)
+        out.send([_traced(event, trace_id) for event in head])
         started()
     try:
         command = adapter.build_command(request)
@@ -531,7 +569,7 @@ def _attempt(
     spec = ExecSpec(
         argv=tuple(command.argv),
         stdin=command.stdin,
-        env=dict(command.env),
+        env={**command.env, **(trace_env or {})},
         files=dict(command.files),
         cwd=command.cwd,
         keep_stdin=command.keep_stdin,
@@ -562,6 +600,12 @@ def _attempt(
             process.kill(grace=limits.kill_grace_s)
         raise
     return outcome, driver
+
+
+def _traced(event: Event, trace_id: str | None) -> Event:
+    if trace_id is None or not isinstance(event, TurnStarted):
+        return event
+    return event.model_copy(update={"trace_id": trace_id})
 
 
 def _request(
