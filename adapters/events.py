@@ -197,6 +197,36 @@ class PermissionDecision(_Event):
     message: str | None = None
 
 
+class ToolCall(_Event):
+    """The harness called a tool of the run's MCP endpoint (a producer's tool set attached
+    with ``--tools``, or an operator's server attached with ``--mcp``). ``input`` is the
+    call's arguments as JSON text, secret-looking fields and granted values masked, cut at
+    :data:`TOOL_TEXT_LIMIT` characters (``input_chars`` is its full length)."""
+
+    type: Literal["tool-call"] = "tool-call"
+    call_id: str
+    server: str
+    tool: str
+    input: str
+    input_chars: int
+
+
+class ToolResult(_Event):
+    """How a ``tool-call`` ended: ``ok`` false for an error result (the handler raised, no
+    server answered by the deadline, the call was refused). ``output`` is what the harness
+    got, cut at :data:`TOOL_TEXT_LIMIT` characters (``output_chars`` is its full length)."""
+
+    type: Literal["tool-result"] = "tool-result"
+    call_id: str
+    ok: bool
+    output: str
+    output_chars: int
+    duration_ms: int
+
+
+TOOL_TEXT_LIMIT = 2000
+
+
 class WorkspaceChange(_Event):
     """What a turn changed in its workspace, from the worker's snapshot after the turn.
 
@@ -277,6 +307,8 @@ Event = Annotated[
     | SandboxActivity
     | PermissionRequest
     | PermissionDecision
+    | ToolCall
+    | ToolResult
     | WorkspaceChange
     | Usage
     | Parked
@@ -292,6 +324,8 @@ EVENT_TYPES: tuple[str, ...] = (
     "sandbox-activity",
     "permission-request",
     "permission-decision",
+    "tool-call",
+    "tool-result",
     "workspace",
     "usage",
     "parked",

@@ -10,7 +10,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from config.harnesses import DEFAULT_GRANTS, DEFAULT_IMAGES
@@ -29,6 +36,14 @@ DEFAULT_EGRESS_ALLOW: dict[str, tuple[str, ...]] = {
 }
 """The vendors' model APIs; OpenCode and Pi talk to whichever provider they are configured
 for, so operators name theirs."""
+
+
+class McpUpstream(BaseModel):
+    """An MCP server the operator names (``HARNESS_MCP_SERVERS``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    url: str = Field(pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
 
 
 class SettingsError(ValueError):
@@ -185,6 +200,19 @@ class Settings(BaseSettings):
     permission_timeout_s: float = Field(600.0, gt=0, le=7 * 24 * 3600)
     """How long a permission request waits for its answer before it is denied. The turn and
     idle timeouts stand still while a request waits; this wait runs instead."""
+
+    # Tools for the agent (worker/tools/; docs/mcp.md)
+    mcp_servers: dict[str, McpUpstream] = Field(default_factory=dict)
+    """The MCP servers (streamable HTTP) a run may attach with ``--mcp NAME``, as JSON:
+    ``{"NAME": {"url": "https://...", "headers": {"Authorization": "Bearer ..."}}}``. The
+    worker forwards calls with these headers; they never enter a sandbox, a stream or a log."""
+    tool_call_timeout_s: float = Field(60.0, gt=0, le=3600)
+    """How long one tool call waits for its answer; past it the harness gets an error result
+    and the turn goes on. The idle timeout stands still while a call waits."""
+    tool_result_max_chars: int = Field(100_000, gt=0, le=10_000_000)
+    """The most of a tool's result a harness gets; a longer one is cut, and says so."""
+    tool_calls_in_flight: int = Field(8, gt=0, le=256)
+    """At most this many tool calls of one run wait at once; more are refused at once."""
 
     # Redis retention
     stream_maxlen: int = Field(100_000, gt=0)

@@ -74,6 +74,20 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "by": STRING,
         "message": OPT_STRING,
     },
+    "tool-call": {  # CONTRACT.md, "Next additions" (tools for the agent)
+        "call_id": STRING,
+        "server": STRING,
+        "tool": STRING,
+        "input": STRING,
+        "input_chars": INT,
+    },
+    "tool-result": {
+        "call_id": STRING,
+        "ok": BOOL,
+        "output": STRING,
+        "output_chars": INT,
+        "duration_ms": INT,
+    },
     "workspace": {  # CONTRACT.md, "Next additions", and docs/events.md
         "snapshot": STRING,
         "added": ARRAY,

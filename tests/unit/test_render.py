@@ -436,3 +436,38 @@ def test_workspace_event_reads_as_one_line_of_what_changed() -> None:
     assert workspace_text(rewind).startswith("workspace rewound to turn 0: 1 deleted")
     assert "\n" not in workspace_text(rewind)
     assert workspace_text({"snapshot": ""}) == "workspace: no change · snapshot none"
+
+
+def test_tool_calls_show_the_server_the_tool_its_input_and_how_the_result_went() -> None:
+    events = [
+        StreamEvent(
+            "1-0", "turn-started", {"harness": "stdio-json", "attempt": 1, "input_chars": 3}, 1.0
+        ),
+        StreamEvent(
+            "1-1",
+            "tool-call",
+            {
+                "call_id": "t1-1",
+                "server": "orders",
+                "tool": "lookup",
+                "input": '{"id": 7}',
+                "input_chars": 9,
+            },
+            1.1,
+        ),
+        StreamEvent(
+            "1-2",
+            "tool-result",
+            {
+                "call_id": "t1-1",
+                "ok": False,
+                "output": "no such order",
+                "output_chars": 13,
+                "duration_ms": 42,
+            },
+            1.2,
+        ),
+    ]
+    text = rendered(events)
+    assert "orders.lookup" in text and '{"id": 7}' in text
+    assert "✗ t1-1" in text and "42 ms, 13 chars: no such order" in text

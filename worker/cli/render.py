@@ -420,6 +420,24 @@ class Renderer:
         self._print(line)
         self._wait("working")
 
+    def _tool_call(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        line = Text(
+            f"  ⚙ {clean(str(data.get('server')))}.{clean(str(data.get('tool')))}", style="cyan"
+        )
+        line.append(f"  {one_line(clean(str(data.get('input') or '')))}", style="dim")
+        self._print(line)
+        self._wait("waiting on a tool")
+
+    def _tool_result(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        ok = bool(data.get("ok"))
+        line = Text(f"  {'✓' if ok else '✗'} {data.get('call_id')} ", style="cyan" if ok else "red")
+        line.append(f"{data.get('duration_ms')} ms, {data.get('output_chars')} chars", style="dim")
+        line.append(f": {one_line(clean(str(data.get('output') or '')))}", style="dim")
+        self._print(line)
+        self._wait("working")
+
     def _usage(self, event: Any, view: TurnView) -> None:
         view.add_usage(event.data)
         self._wait("thinking")
@@ -709,6 +727,8 @@ _EVENT_VIEWS: dict[str, Callable[[Renderer, Any, TurnView], None]] = {
     "sandbox-activity": Renderer._activity,
     "permission-request": Renderer._permission_request,
     "permission-decision": Renderer._permission_decision,
+    "tool-call": Renderer._tool_call,
+    "tool-result": Renderer._tool_result,
     "usage": Renderer._usage,
     "workspace": Renderer._workspace,
     "parked": Renderer._parked,

@@ -113,6 +113,54 @@ class RedisClient(Protocol):
         self, streams: Mapping[str, str], count: int | None = None, block: int | None = None
     ) -> list[tuple[str, list[StreamEntry]]]: ...
 
+    # The tool calls' stream and its consumer group (worker/tools/calls.py).
+    def xadd(
+        self,
+        name: str,
+        fields: Mapping[str, Value],
+        maxlen: int | None = None,
+        approximate: bool = True,
+    ) -> str: ...
+
+    def xgroup_create(
+        self, name: str, groupname: str, id: str = "$", mkstream: bool = False
+    ) -> bool: ...
+
+    def xreadgroup(
+        self,
+        groupname: str,
+        consumername: str,
+        streams: Mapping[str, str],
+        count: int | None = None,
+        block: int | None = None,
+    ) -> list[tuple[str, list[StreamEntry]]]: ...
+
+    def xautoclaim(
+        self,
+        name: str,
+        groupname: str,
+        consumername: str,
+        min_idle_time: int,
+        start_id: str = "0-0",
+        count: int | None = None,
+    ) -> list[Any]: ...
+
+    def xclaim(
+        self,
+        name: str,
+        groupname: str,
+        consumername: str,
+        min_idle_time: int,
+        message_ids: Sequence[str],
+        justid: bool = False,
+    ) -> list[Any]: ...
+
+    def xack(self, name: str, groupname: str, *ids: str) -> int: ...
+
+    def xdel(self, name: str, *ids: str) -> int: ...
+
+    def blpop(self, keys: Sequence[str], timeout: float = 0) -> tuple[str, str] | None: ...
+
     def register_script(self, script: str) -> Script: ...
 
     def pipeline(self, transaction: bool = True) -> SyncPipeline: ...
@@ -167,6 +215,11 @@ class Keys:
         deleted once the first turn has unpacked it, or expires)."""
         return f"{self.prefix}:run:{run_id}:upload"
 
+    def attachment(self, run_id: str, turn: int, index: int) -> str:
+        """A list of the chunks of one file a producer attached to a turn (binary; deleted
+        once the worker has written it into the workspace, or expires)."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:attachment:{index}"
+
     def reply(self, run_id: str, request_id: str) -> str:
         """A list of the chunks of one diff, export or rewind reply (binary), read and
         emptied by the producer that asked, expiring if it went away."""
@@ -193,6 +246,20 @@ class Keys:
     def permission_always(self, run_id: str) -> str:
         """A set of fingerprints (tool and input) allowed for the rest of the run."""
         return f"{self.prefix}:run:{run_id}:permission-always"
+
+    def tool_reply(self, run_id: str, call_id: str) -> str:
+        """A list where the answer to one of the run's tool calls lands (JSON), read by the
+        turn's endpoint; it expires (worker/tools/calls.py)."""
+        return f"{self.prefix}:run:{run_id}:tool-reply:{call_id}"
+
+    def tool_calls(self, tool_set: str) -> str:
+        """A stream of the calls of one tool set (``--tools NAME``) for its servers to claim
+        (consumer group ``servers``), whatever run made them."""
+        return f"{self.prefix}:tools:{tool_set}:calls"
+
+    def tool_definitions(self, tool_set: str) -> str:
+        """The set's tools as its servers last published them (JSON: ``tools/list``)."""
+        return f"{self.prefix}:tools:{tool_set}:definitions"
 
     def run_keys(self, run_id: str) -> tuple[str, ...]:
         """Keys that share the run's retention."""

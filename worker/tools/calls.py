@@ -1,0 +1,272 @@
+"""Tool calls as durable requests in Redis, answered by producer code (``--tools NAME``).
+
+The run's endpoint adds each call to the set's stream (:meth:`Keys.tool_calls`: run id,
+call id, tool, arguments, deadline) and waits on the call's reply list. Every server of the
+set (:class:`ToolServer`: ``HarnessClient.serve_tools``, ``harness tools serve``) reads the
+stream in one consumer group, so each call goes to one of them; a server holds its claim
+while its handler runs (it renews it every third of the lease), and a server that dies
+mid-call leaves the call pending: another server takes it once the claim has been idle for
+the lease (``XAUTOCLAIM``). A call past its deadline is dropped unanswered (the endpoint
+already told the harness so). Answers: the handler's result as text, or the text of what it
+raised (never a traceback), or a refusal (unknown tool, arguments that do not fit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis
+
+from worker.store.errors import REDIS_ERRORS
+from worker.store.keys import Keys, StreamEntry, SyncRedis
+from worker.tools.backend import BackendError, Reply
+from worker.tools.schema import Tool, ToolError, definitions_json
+
+log = logging.getLogger(__name__)
+
+GROUP = "servers"
+REPLY_TTL_S = 300
+"""How long an answer waits for the endpoint that asked (it reads it at once when alive)."""
+STREAM_MAXLEN = 10_000
+"""About this many calls kept per set: answered ones are deleted, so only a set with no
+server for a long time gets near it (its oldest calls are past their deadline anyway)."""
+DEFAULT_LEASE_S = 30.0
+ERROR_LIMIT = 2000
+"""The most of a handler's error text a harness gets."""
+
+
+def ensure_group(client: SyncRedis, keys: Keys, tool_set: str) -> None:
+    """The set's stream and consumer group, from the stream's first entry (calls made before
+    any server started are served too)."""
+    try:
+        client.xgroup_create(keys.tool_calls(tool_set), GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def publish_definitions(
+    client: SyncRedis, keys: Keys, tool_set: str, tools: Mapping[str, Tool]
+) -> None:
+    client.set(keys.tool_definitions(tool_set), definitions_json(tools))
+
+
+def definitions(client: SyncRedis, keys: Keys, tool_set: str) -> list[dict[str, Any]]:
+    """The set's tools as its servers last published them; empty before any server ran."""
+    text = client.get(keys.tool_definitions(tool_set))
+    loaded = json.loads(text) if text else []
+    return loaded if isinstance(loaded, list) else []
+
+
+def submit(
+    client: SyncRedis,
+    keys: Keys,
+    tool_set: str,
+    *,
+    run_id: str,
+    call_id: str,
+    tool: str,
+    arguments: str,
+    deadline: float,
+) -> str:
+    """Add one call for the set's servers; its stream entry id."""
+    return client.xadd(
+        keys.tool_calls(tool_set),
+        {
+            "run_id": run_id,
+            "call_id": call_id,
+            "tool": tool,
+            "arguments": arguments,
+            "deadline": f"{deadline:.3f}",
+        },
+        maxlen=STREAM_MAXLEN,
+    )
+
+
+def wait_reply(
+    client: SyncRedis, keys: Keys, run_id: str, call_id: str, deadline: float
+) -> Reply | None:
+    """The call's answer, or None when none came by ``deadline`` (unix time)."""
+    remaining = deadline - time.time()
+    if remaining <= 0:
+        return None
+    # BLPOP takes seconds with millisecond precision; 0 would mean "forever".
+    popped = client.blpop([keys.tool_reply(run_id, call_id)], timeout=max(remaining, 0.01))
+    if popped is None:
+        return None
+    data = json.loads(popped[1])
+    return Reply(bool(data.get("ok")), str(data.get("output", "")))
+
+
+def withdraw(client: SyncRedis, keys: Keys, tool_set: str, entry_id: str) -> None:
+    """Drop a call nobody answered in time, so no server runs it late."""
+    client.xdel(keys.tool_calls(tool_set), entry_id)
+
+
+class ToolServer:
+    """Answers one tool set's calls for every run that attached it, until stopped.
+
+    Several may serve one set (each a consumer of the set's group). ``lease_s`` is how long
+    a claim of a server that stopped renewing it holds before another server takes the call.
+    """
+
+    def __init__(
+        self,
+        client: SyncRedis,
+        keys: Keys,
+        tool_set: str,
+        tools: Mapping[str, Tool],
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        consumer: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client, self.keys, self.tool_set, self.tools = client, keys, tool_set, tools
+        self.lease_s = lease_s
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self.clock = clock
+        self.stream = keys.tool_calls(tool_set)
+        self.answered = 0
+
+    def serve(self, stop: threading.Event | None = None, *, block_s: float = 1.0) -> None:
+        """Publish the set's definitions, then answer calls until ``stop`` is set. Rides out
+        Redis being away (it tries again every second)."""
+        stop = stop or threading.Event()
+        ready = False
+        while not stop.is_set():
+            try:
+                if not ready:
+                    ensure_group(self.client, self.keys, self.tool_set)
+                    publish_definitions(self.client, self.keys, self.tool_set, self.tools)
+                    ready = True
+                self.serve_one(block_s)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                ready = False  # the stream was removed: made again
+            except REDIS_ERRORS:
+                log.warning("tools.redis_unavailable", extra={"tool_set": self.tool_set})
+                ready = False
+                stop.wait(1.0)
+
+    def serve_one(self, block_s: float) -> bool:
+        """Take one call (a lapsed claim first, else a new one, waiting up to ``block_s``)
+        and answer it. False when there was none."""
+        entry = self._lapsed() or self._next(block_s)
+        if entry is None:
+            return False
+        self._handle(*entry)
+        return True
+
+    def _lapsed(self) -> StreamEntry | None:
+        reply = self.client.xautoclaim(
+            self.stream, GROUP, self.consumer, int(self.lease_s * 1000), "0-0", count=1
+        )
+        claimed = reply[1] if len(reply) > 1 else []
+        for entry_id, fields in claimed:
+            if fields:  # an entry deleted meanwhile comes back without its fields
+                log.info("tools.call_reclaimed", extra={"tool_set": self.tool_set})
+                return entry_id, fields
+        return None
+
+    def _next(self, block_s: float) -> StreamEntry | None:
+        got = self.client.xreadgroup(
+            GROUP, self.consumer, {self.stream: ">"}, count=1, block=max(int(block_s * 1000), 1)
+        )
+        for _, entries in got or []:
+            for entry_id, fields in entries:
+                return entry_id, fields
+        return None
+
+    def _handle(self, entry_id: str, fields: Mapping[str, str]) -> None:
+        run_id, call_id = fields.get("run_id", ""), fields.get("call_id", "")
+        if self.clock() > float(fields.get("deadline") or 0):
+            self._done(entry_id)  # the harness was told already: running it now helps nobody
+            return
+        renew = threading.Event()
+        keeper = threading.Thread(
+            target=self._keep_claim, args=(entry_id, renew), name="tool-claim", daemon=True
+        )
+        keeper.start()
+        try:
+            reply = self._run(fields.get("tool", ""), fields.get("arguments", "{}"))
+        finally:
+            renew.set()
+            keeper.join()
+        pipe = self.client.pipeline(transaction=False)
+        key = self.keys.tool_reply(run_id, call_id)
+        pipe.execute_command("RPUSH", key, json.dumps({"ok": reply.ok, "output": reply.output}))
+        pipe.expire(key, REPLY_TTL_S)
+        pipe.execute_command("XACK", self.stream, GROUP, entry_id)
+        pipe.execute_command("XDEL", self.stream, entry_id)
+        pipe.execute()
+        self.answered += 1
+
+    def _run(self, name: str, arguments: str) -> Reply:
+        found = self.tools.get(name)
+        if found is None:
+            return Reply(False, f"unknown tool {name!r} in tool set {self.tool_set}")
+        try:
+            parsed = json.loads(arguments)
+            if not isinstance(parsed, dict):
+                raise ToolError("the arguments are not a JSON object")
+            return Reply(True, found.call(parsed))
+        except ToolError as exc:
+            return Reply(False, str(exc)[:ERROR_LIMIT])
+        except Exception as exc:  # noqa: BLE001 (a handler's failure is the harness's answer)
+            log.info("tools.handler_raised", extra={"tool_set": self.tool_set, "tool": name})
+            return Reply(False, f"{type(exc).__name__}: {exc}"[:ERROR_LIMIT])
+
+    def _keep_claim(self, entry_id: str, done: threading.Event) -> None:
+        """Renew the claim (reset its idle time) while the handler runs."""
+        while not done.wait(self.lease_s / 3):
+            try:
+                self.client.xclaim(self.stream, GROUP, self.consumer, 0, [entry_id], justid=True)
+            except REDIS_ERRORS:
+                log.warning("tools.claim_not_renewed", extra={"tool_set": self.tool_set})
+
+    def _done(self, entry_id: str) -> None:
+        self.client.xack(self.stream, GROUP, entry_id)
+        self.client.xdel(self.stream, entry_id)
+
+
+class RedisToolSet:
+    """The endpoint's side of a tool set (an :class:`~worker.tools.endpoint.Backend`): a
+    call is submitted for the set's servers and waited for; one unanswered by its deadline
+    is withdrawn and answered with an error."""
+
+    def __init__(self, client: SyncRedis, keys: Keys, run_id: str, tool_set: str) -> None:
+        self.client, self.keys, self.run_id, self.tool_set = client, keys, run_id, tool_set
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        try:
+            return definitions(self.client, self.keys, self.tool_set)
+        except REDIS_ERRORS as exc:
+            raise BackendError(f"tool set {self.tool_set} is unreachable: {exc}") from None
+
+    def call(self, call_id: str, tool: str, arguments: dict[str, Any], deadline: float) -> Reply:
+        try:
+            return self._call(call_id, tool, arguments, deadline)
+        except REDIS_ERRORS as exc:
+            raise BackendError(f"tool set {self.tool_set} is unreachable: {exc}") from None
+
+    def _call(self, call_id: str, tool: str, arguments: dict[str, Any], deadline: float) -> Reply:
+        ensure_group(self.client, self.keys, self.tool_set)
+        submitted = time.time()
+        entry = submit(
+            self.client, self.keys, self.tool_set, run_id=self.run_id, call_id=call_id,
+            tool=tool, arguments=json.dumps(arguments), deadline=deadline,
+        )  # fmt: skip
+        reply = wait_reply(self.client, self.keys, self.run_id, call_id, deadline)
+        if reply is not None:
+            return reply
+        withdraw(self.client, self.keys, self.tool_set, entry)
+        waited = round(max(deadline - submitted, 0), 1)
+        return Reply(False, f"no server of tool set {self.tool_set} answered within {waited:g}s")
