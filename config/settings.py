@@ -250,6 +250,16 @@ class Settings(BaseSettings):
     """Address the metrics endpoint listens on (127.0.0.1: this machine only)."""
     log_format: Literal["auto", "json", "text"] = "auto"
     """Worker log lines: json, text (key=value), or auto (json unless stderr is a terminal)."""
+    harness_telemetry: bool = False
+    """Route the harness CLIs' own OpenTelemetry (Claude Code, Gemini CLI, Codex) to the
+    collector at ``harness_telemetry_endpoint`` (docs/observability.md); off: their own
+    defaults, which export nothing."""
+    harness_telemetry_endpoint: str = ""
+    """The collector's OTLP/HTTP base URL as a harness reaches it from its sandbox (default:
+    the worker's own ``OTEL_EXPORTER_OTLP_ENDPOINT``). Allowed through the egress gateway
+    while ``harness_telemetry`` is on."""
+    harness_telemetry_prompts: bool = False
+    """Let the CLIs' telemetry carry prompt text (off: they are told never to export it)."""
 
     @field_validator(
         "allowed_images",

@@ -216,11 +216,26 @@ def egress_config(settings: Settings) -> EgressConfig:
         hosts=dict(settings.egress_hosts),
         resolvers=tuple(settings.egress_resolvers),
         allow={
-            harness: tuple(Endpoint.parse(h) for h in hosts)
+            harness: (*(Endpoint.parse(h) for h in hosts), *_collector(settings))
             for harness, hosts in settings.egress_allow.items()
         },
         allow_base_url=settings.egress_allow_base_url,
     )
+
+
+def collector_url(settings: Settings) -> str | None:
+    """Where the harness CLIs send their own telemetry (``HARNESS_HARNESS_TELEMETRY``): the
+    operator's ``HARNESS_HARNESS_TELEMETRY_ENDPOINT``, else the worker's own
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; None while that telemetry is off."""
+    if not settings.harness_telemetry:
+        return None
+    url = settings.harness_telemetry_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    return url.strip().rstrip("/") or None
+
+
+def _collector(settings: Settings) -> tuple[Endpoint, ...]:
+    endpoint = base_url_endpoint(collector_url(settings))
+    return (Endpoint.parse(endpoint),) if endpoint else ()
 
 
 def egress_allowlist(settings: Settings, harness: str, base_url: str | None) -> list[str]:

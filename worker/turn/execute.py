@@ -44,7 +44,7 @@ from sandbox.base import (
 from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
 from worker.deps import Shutdown, TurnDeps
 from worker.errors import InvalidInput, RunNotFound
-from worker.observe import logs, metrics, tracing
+from worker.observe import harness_telemetry, logs, metrics, tracing
 from worker.observe.masking import Masker
 from worker.options.policy import (
     Resolved,
@@ -371,13 +371,14 @@ class _TurnRun:
         self.work_began = time.time()
         gate = permissions.gate_for(deps, run_id, self.turn, self.options, out.publisher.masker)
 
-        env = tracing.harness_env()  # the turn's span: the harness's own spans are its children
+        # In the turn's span: the harness's own spans are its children.
+        telemetry = harness_telemetry.for_turn(self.options.harness, settings)
 
         def one(req: TurnRequest, number: int) -> tuple[attempt.Outcome, StreamDriver]:
             with tracing.span("exec", {"harness.attempt": number}):
                 return _attempt(
                     self.adapter, req, sandbox, placement, secrets, out, limits, stop, number,
-                    self.started, gate, env, self.header.trace_id,
+                    self.started, gate, telemetry, self.header.trace_id,
                 )  # fmt: skip
 
         outcome, driver = one(request, 1)
@@ -552,7 +553,7 @@ def _attempt(
     number: int,
     started: Callable[[], None],
     gate: permissions.Gate | None = None,
-    trace_env: dict[str, str] | None = None,
+    telemetry: harness_telemetry.ExecTelemetry | None = None,
     trace_id: str | None = None,
 ) -> tuple[attempt.Outcome, StreamDriver]:
     driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
@@ -566,11 +567,12 @@ def _attempt(
         driver.fail(session_error(f"cannot build the command: {exc}", "invalid-input"))
         assert driver.terminal is not None
         return attempt.Outcome(driver.terminal, None, ""), driver
+    env, files = (telemetry or harness_telemetry.ExecTelemetry()).apply(command.env, command.files)
     spec = ExecSpec(
         argv=tuple(command.argv),
         stdin=command.stdin,
-        env={**command.env, **(trace_env or {})},
-        files=dict(command.files),
+        env=env,
+        files=files,
         cwd=command.cwd,
         keep_stdin=command.keep_stdin,
     )
