@@ -38,6 +38,9 @@ class TurnRequest:
     model: str | None = None
     system_prompt: str | None = None
     posture: Posture = "auto"
+    mcp_servers: tuple[McpServer, ...] = ()
+    """The MCP servers attached to the run (``--tools``, ``--mcp``), each to be loaded the
+    harness's own way for this turn; empty: none, and the adapter configures none."""
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     resume_session: str | None = None
@@ -76,6 +79,18 @@ class ExitInfo:
 
     exit_code: int | None
     stderr_tail: str = ""
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """One MCP server attached to a run, as its harness launches it: a stdio server (the
+    worker's bridge to the run's endpoint, :mod:`worker.tools.bridge`). ``env`` names
+    variables of the harness's own environment the server needs (the run's credential):
+    a config passes them on by name, never by value."""
+
+    name: str
+    command: tuple[str, ...]
+    env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """stdio-json: the generic newline-JSON protocol for custom harnesses (CONTRACT.md).
 
 The input goes on stdin, then stdin is closed. ``HARNESS_TURN`` and, when a session should
-be continued, ``HARNESS_RESUME_SESSION`` are set in the environment.
+be continued, ``HARNESS_RESUME_SESSION`` are set in the environment. When the run attached
+tools (``--tools``, ``--mcp``), ``HARNESS_MCP_CONFIG`` names a file in the common
+``{"mcpServers": {NAME: {"command", "args", "env"}}}`` shape: each a stdio MCP server the
+harness launches with its own environment (which holds the run's credential).
 
 With ``--posture ask`` (``HARNESS_POSTURE=ask`` in the environment) stdin stays open for the
 turn: its first line is ``{"type":"input","text":T}``, and every ``permission`` line the
@@ -16,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from adapters import coerce
+from adapters import coerce, mcp_config
 from adapters.asks import Ask, Decision
 from adapters.events import (
     AssistantText,
@@ -42,7 +45,7 @@ CAPABILITIES = Capabilities(
     cost_reporting=True,
     model_selection=False,
     model_reporting=True,
-    mcp_client=False,
+    mcp_client=True,
     permission_ask=True,
 )
 
@@ -70,6 +73,11 @@ def build_command(request: TurnRequest) -> Command:
         env["HARNESS_RESUME_SESSION"] = request.resume_session
     # No system-prompt channel in this protocol (capability system_prompt is false): the
     # worker puts a system prompt into the input before the request gets here.
+    files = {}
+    if request.mcp_servers:
+        path = f"{request.home}/{mcp_config.COMMON_FILE}"
+        files[path] = mcp_config.common_json(request.mcp_servers)
+        env["HARNESS_MCP_CONFIG"] = path
     if request.posture == "ask":
         env["HARNESS_POSTURE"] = "ask"
         first = json.dumps({"type": "input", "text": request.input}) + "\n"
@@ -77,6 +85,7 @@ def build_command(request: TurnRequest) -> Command:
             argv=(request.executable,),
             stdin=first.encode("utf-8"),
             env=env,
+            files=files,
             cwd=request.workspace,
             keep_stdin=True,
         )
@@ -84,6 +93,7 @@ def build_command(request: TurnRequest) -> Command:
         argv=(request.executable,),
         stdin=request.input.encode("utf-8"),
         env=env,
+        files=files,
         cwd=request.workspace,
     )
 

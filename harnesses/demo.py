@@ -22,6 +22,10 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @garbage               a non-JSON line, a JSON array, and invalid UTF-8
   @stderr TEXT           a line on stderr
   @env NAME              print the named environment variable (to test secret isolation)
+  @tool SERVER TOOL JSON call TOOL of the MCP server SERVER of HARNESS_MCP_CONFIG with the
+                         JSON arguments (launching the server as a stdio MCP client does);
+                         a text line "tool SERVER.TOOL ok|error: RESULT"
+  @tools SERVER          a text line naming the server's tools
   @run CMD ARGS...       run a command and report it as activity with its output
   @allocate MIB          hold that many MiB of memory (to meet a memory limit)
   @ignore-term           ignore SIGTERM from now on
@@ -53,6 +57,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 STUBBORN_CHILD = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
@@ -269,6 +274,67 @@ def _env(rest: str, args: list[str], raw: str) -> None:
     emit({"type": "text", "text": f"{args[0]}={os.environ.get(args[0], '<unset>')}"})
 
 
+def mcp_session(server: str) -> tuple[subprocess.Popen[bytes], Callable[..., dict[str, Any]]]:
+    """A stdio MCP client of ``server`` (HARNESS_MCP_CONFIG), initialized; its process and a
+    request function (method, params) -> the response."""
+    config = json.loads(Path(os.environ["HARNESS_MCP_CONFIG"]).read_text())["mcpServers"][server]
+    proc = subprocess.Popen(
+        [config["command"], *config.get("args", [])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, **config.get("env", {})},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    ids = iter(range(1, 1_000_000))
+
+    def request(method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        number = next(ids)
+        message = {"jsonrpc": "2.0", "id": number, "method": method, "params": params or {}}
+        proc.stdin.write(json.dumps(message).encode() + b"\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        for line in proc.stdout:  # type: ignore[union-attr]
+            answer: dict[str, Any] = json.loads(line)
+            if answer.get("id") == number:
+                return answer
+        raise RuntimeError(f"MCP server {server} closed the connection")
+
+    client = {"name": "harness-demo", "version": "1"}
+    request(
+        "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+    )
+    proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+    proc.stdin.flush()
+    return proc, request
+
+
+def _tool(rest: str, args: list[str], raw: str) -> None:
+    server, tool, *arguments = rest.split(" ", 2)
+    try:
+        proc, request = mcp_session(server)
+        answer = request(
+            "tools/call", {"name": tool, "arguments": json.loads(" ".join(arguments) or "{}")}
+        )
+        proc.kill()
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        emit({"type": "text", "text": f"tool {server}.{tool} error: {exc}"})
+        return
+    result = answer.get("result") or {}
+    text = "".join(c.get("text", "") for c in result.get("content", []))
+    outcome = "error" if result.get("isError") or "error" in answer else "ok"
+    emit({"type": "text", "text": f"tool {server}.{tool} {outcome}: {text or answer.get('error')}"})
+
+
+def _tools(rest: str, args: list[str], raw: str) -> None:
+    try:
+        proc, request = mcp_session(args[0])
+        listed = request("tools/list")["result"]["tools"]
+        proc.kill()
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        emit({"type": "text", "text": f"tools {args[0]} error: {exc}"})
+        return
+    emit({"type": "text", "text": f"tools {args[0]}: {' '.join(t['name'] for t in listed)}"})
+
+
 def _run(rest: str, args: list[str], raw: str) -> None:
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     emit({"type": "activity", "kind": "command", "description": " ".join(args)})
@@ -338,6 +404,8 @@ DIRECTIVES: dict[str, Directive] = {
     "garbage": _garbage,
     "stderr": _stderr,
     "env": _env,
+    "tool": _tool,
+    "tools": _tools,
     "run": _run,
     "allocate": _allocate,
     "ignore-term": _ignore_term,

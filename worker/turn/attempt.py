@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from adapters.events import Event, Session, SessionError, TurnComplete, Usage, session_error
 from adapters.protocol import ExitInfo
@@ -43,6 +44,13 @@ class Limits:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 
 
+class ToolEvents(Protocol):
+    @property
+    def busy(self) -> bool: ...
+
+    def drain(self) -> list[Event]: ...
+
+
 @dataclass
 class Outcome:
     terminal: Event
@@ -62,6 +70,9 @@ class Publishing:
         """Told every event with the turn's usage so far (the run's budget,
         :class:`worker.spend.budgets.Guard`); what it returns stops the harness (:attr:`halt`)."""
         self.halt: SessionError | None = None
+        self.tools: ToolEvents | None = None
+        """The turn's MCP endpoint while the harness runs (:mod:`worker.tools.endpoint`):
+        the read loop publishes what it queued and holds the idle clock while a call waits."""
 
     def send(self, events: list[Event]) -> None:
         for event in events:
@@ -126,6 +137,9 @@ class _ReadLoop:
             limits.deadline += now - self.previous
             self.last_output = now
         self.previous = now
+        tools = self.out.tools
+        if tools is not None and tools.busy:
+            self.last_output = now  # a tool call waits: the harness is not idle
         if self.driver.done:
             if self.terminal_at is None and gate is not None:
                 gate.turn_over()
@@ -139,6 +153,8 @@ class _ReadLoop:
             self.stop = self.should_stop()
             if self.stop is None and gate is not None:
                 self.out.send(gate.poll())
+            if tools is not None:
+                self.out.send(tools.drain())
         if self.stop is None and now >= limits.deadline:
             self.stop = session_error("the turn timed out", "timeout")
         elif self.stop is None and now - self.last_output >= limits.idle_s:
@@ -176,6 +192,8 @@ class _ReadLoop:
         out.send([e for e in events if not e.terminal])
         if self.gate is not None:
             out.send(self.gate.collect())
+        if out.tools is not None:
+            out.send(out.tools.drain())
         if out.halt is not None and not driver.done:
             self.stop = out.halt  # a budget crossed: stopped at once, as a cancel is
             return True

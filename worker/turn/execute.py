@@ -14,10 +14,11 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import adapters
+import worker.tools.turn as turn_tools
 from adapters.events import (
     TERMINAL_TYPES,
     Event,
@@ -136,12 +137,16 @@ def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLi
         if isinstance(admitted, str):
             return admitted
         record, resolved, secrets = admitted
+        refused = run.check_tools()
+        if refused is not None:
+            return refused
         prepared = run.prepare(record, resolved)
         if isinstance(prepared, str):
             return prepared
         sandbox, placement, work = prepared
         request = run.request(record, resolved, placement, secrets)
-        terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
+        with run.serve_tools(request, placement, work) as request:
+            terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
         return run.finish(terminal, driver, record, resolved, sandbox, work)
 
 
@@ -400,6 +405,40 @@ class _TurnRun:
             outcome, driver = one(fresh, 2)
             terminal = outcome.terminal
         return terminal, driver
+
+    # -- tools: the run's MCP endpoint while the harness runs (worker/tools/) -----------------
+
+    def check_tools(self) -> str | None:
+        """Refused (the outcome) when the run attached servers it may not have."""
+        try:
+            turn_tools.check(self.options, self.deps.settings)
+        except InvalidInput as exc:
+            self.life.revoke_credential()
+            return self.refuse(
+                session_error(str(exc), "invalid-input"),
+                run_status=_status_after_refusal(self.turn),
+            )
+        return None
+
+    @contextlib.contextmanager
+    def serve_tools(
+        self, request: TurnRequest, placement: Placement, work: workspace_steps.RunWorkspace
+    ) -> Iterator[TurnRequest]:
+        """The request with the run's servers, their endpoint open while the block runs; its
+        last ``tool-call``/``tool-result`` events published after it, before the terminal."""
+        with turn_tools.serve(
+            self.deps, self.run_id, self.turn, self.options, placement, work.path,
+            self.out.publisher.masker,
+        ) as tools:  # fmt: skip
+            if tools is not None:
+                self.out.tools = tools.endpoint
+                request = dataclasses.replace(request, mcp_servers=tools.servers)
+            try:
+                yield request
+            finally:
+                self.out.tools = None
+        if tools is not None:
+            self.out.send(tools.drain())
 
     # -- finish: what the turn did, then its one terminal -----------------------------------
 

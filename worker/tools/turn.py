@@ -1,0 +1,149 @@
+"""What a turn asks of the tools: is the run's attachment allowed, and the turn's endpoint.
+
+A run that attached servers (``--tools``, ``--mcp``) gets, each turn, its endpoint served in
+its HOME's ``.harness`` directory (the socket and the bridge, written on the worker's host
+side of the run's workspace) and one :class:`~adapters.protocol.McpServer` per attached
+server for the adapter to configure: the bridge, run with the sandbox's ``python3``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import adapters
+from adapters.asks import Ask
+from adapters.events import Event
+from adapters.protocol import McpServer
+from config import Settings
+from sandbox.base import Placement
+from worker.deps import TurnDeps
+from worker.errors import InvalidInput
+from worker.observe.masking import Masker
+from worker.options.spec import RunOptions
+from worker.permissions import rules
+from worker.store import credentials
+from worker.store.credentials import CREDENTIAL_ENV
+from worker.tools import bridge
+from worker.tools.backend import Backend, Reply
+from worker.tools.calls import RedisToolSet
+from worker.tools.endpoint import RunEndpoint, RunTools, ToolLimits
+from worker.tools.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+DIRECTORY = ".harness"
+"""Inside the run's HOME: the endpoint's socket and the bridge."""
+SOCKET = "mcp.sock"
+BRIDGE = "mcp-bridge.py"
+BRIDGE_SOURCE = Path(bridge.__file__).read_text()
+
+
+def check(options: RunOptions, settings: Settings) -> None:
+    """Refuse servers the operator did not name and a harness that cannot load any."""
+    unknown = [name for name in options.mcp if name not in settings.mcp_servers]
+    if unknown:
+        named = ", ".join(sorted(settings.mcp_servers)) or "none"
+        raise InvalidInput(
+            f"--mcp {', '.join(unknown)}: not an MCP server of the operator's "
+            f"(HARNESS_MCP_SERVERS names: {named})"
+        )
+    if (options.tools or options.mcp) and not adapters.get(options.harness).CAPABILITIES.mcp_client:
+        raise InvalidInput(
+            f"{options.harness} cannot load MCP servers here (capability mcp_client is false): "
+            "attach tools to another harness"
+        )
+
+
+@dataclass
+class TurnTools:
+    """The turn's open endpoint and the servers the adapter is to configure."""
+
+    endpoint: RunEndpoint
+    servers: tuple[McpServer, ...]
+
+    def drain(self) -> list[Event]:
+        return self.endpoint.drain()
+
+
+@contextlib.contextmanager
+def serve(
+    deps: TurnDeps,
+    run_id: str,
+    turn: int,
+    options: RunOptions,
+    placement: Placement,
+    workspace: Path,
+    masker: Masker,
+) -> Iterator[TurnTools | None]:
+    """The turn's endpoint while the block runs (None when the run attached nothing).
+    ``workspace`` is the run's workspace on this host (``placement.workspace`` is where the
+    harness sees it)."""
+    if not options.tools and not options.mcp:
+        yield None
+        return
+    settings = deps.settings
+    home = PurePosixPath(placement.home).relative_to(placement.workspace)
+    host_dir = workspace / home / DIRECTORY
+    inside = f"{placement.home}/{DIRECTORY}"
+    backends: dict[str, Backend] = {
+        name: RedisToolSet(deps.redis, deps.keys, run_id, name) for name in options.tools
+    }
+    for name in options.mcp:
+        backends[name] = Upstream(name, settings.mcp_servers[name])
+    guarded = {name: _Denying(name, b, options.deny) for name, b in backends.items()}
+    endpoint = RunEndpoint(
+        RunTools(
+            run_id=run_id,
+            turn=turn,
+            socket_path=host_dir / SOCKET,
+            servers=guarded,
+            verify=lambda token: credentials.verify(deps.redis, deps.keys, run_id, token),
+            masker=masker,
+            limits=ToolLimits(
+                settings.tool_call_timeout_s,
+                settings.tool_result_max_chars,
+                settings.tool_calls_in_flight,
+            ),
+        )
+    )
+    host_dir.mkdir(parents=True, exist_ok=True)
+    host_dir.chmod(0o755)
+    (host_dir / BRIDGE).write_text(BRIDGE_SOURCE)
+    (host_dir / BRIDGE).chmod(0o644)
+    endpoint.open()
+    servers = tuple(
+        McpServer(
+            name,
+            ("python3", f"{inside}/{BRIDGE}", f"{inside}/{SOCKET}", name),
+            env=(CREDENTIAL_ENV,),
+        )
+        for name in backends
+    )
+    try:
+        yield TurnTools(endpoint, servers)
+    finally:
+        endpoint.close()
+
+
+class _Denying:
+    """A backend behind the run's ``--deny`` patterns: a call they match is refused. A tool
+    is named as the CLIs name it (``mcp__SERVER__TOOL``, ``SERVER_TOOL``) or plainly."""
+
+    def __init__(self, server: str, backend: Backend, deny: tuple[str, ...]) -> None:
+        self.server, self.backend, self.deny = server, backend, deny
+
+    def list_tools(self) -> list[dict[str, object]]:
+        return self.backend.list_tools()
+
+    def call(self, call_id: str, tool: str, arguments: dict[str, object], deadline: float) -> Reply:
+        for name in (f"mcp__{self.server}__{tool}", f"{self.server}_{tool}", tool):
+            pattern = rules.first_match(
+                self.deny, Ask(native_id=call_id, tool=name, input=arguments)
+            )
+            if pattern is not None:
+                return Reply(False, f"Denied by the run's rule {pattern}.")
+        return self.backend.call(call_id, tool, arguments, deadline)
