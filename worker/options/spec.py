@@ -209,16 +209,6 @@ class RunOptions(BaseModel):
                 )
         return value
 
-    @field_validator("key_slots")
-    @classmethod
-    def _key_slots(cls, value: dict[str, int] | None) -> dict[str, int] | None:
-        for name, most in (value or {}).items():
-            if not ENV_NAME.fullmatch(name) or not 1 <= most <= 10**6:
-                raise ValueError(
-                    f"invalid key slots {shown(name)}={most}: a grant name and 1 to 1000000"
-                )
-        return value
-
     @field_validator("tools", "mcp")
     @classmethod
     def _server_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
