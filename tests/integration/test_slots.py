@@ -192,3 +192,34 @@ def test_a_turn_cancelled_while_it_waits_holds_up_nobody(
     got = slots.take(deps, late, options, requeue)
     assert got is not None and got.held  # the cancelled turn is no longer ahead of it
     got.release()
+
+
+def test_a_tenant_capped_below_the_limit_holds_no_more_and_leaves_the_rest_to_others(
+    env: Env, workers: list[WorkerProcess]
+) -> None:
+    """``key_slots`` as a tenant's policy gives it (worker.api.tenants.apply_policy): acme's
+    three turns run one at a time, beta's two take the other slot though they asked later."""
+    start(env, workers)
+    start(env, workers)
+    client = env.client()
+    script = "@sleep 1\n@complete ok"
+    capped = [
+        client.start_run(
+            "stdio-json",
+            script,
+            executable=demo_executable(),
+            grants=["DEMO_TOKEN"],
+            producer="acme",
+            key_slots={"DEMO_TOKEN": 1},
+        )
+        for _ in range(3)
+    ]
+    others = [run(client, script, "beta") for _ in range(2)]
+    for run_id in capped + others:
+        assert client.wait(run_id, 1, timeout=60).type == "turn-complete"
+    acme = [span(client, run_id) for run_id in capped]
+    beta = [span(client, run_id) for run_id in others]
+    assert most_at_once(acme) == 1  # its cap, though a second slot was free
+    assert most_at_once(acme + beta) == LIMIT
+    # beta's turns ran beside acme's first two, not after all three
+    assert max(end for _, end in beta) < max(start for start, _ in acme)

@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from worker.options.spec import RunOptions
 
 _STRICT = ConfigDict(extra="forbid")
-NOT_OVER_HTTP = ("harness", "archive", "archive_bytes", "producer")
+NOT_OVER_HTTP = ("harness", "archive", "archive_bytes", "producer", "key_slots")
 """Run options a request does not name among the others: ``harness`` is its own field, an
-archive is a path on the client's machine (``harness run --archive``), not the API's, and
-the producer is the tenant (the turns waiting for a key's slots are served fairly across
-tenants)."""
+archive is a path on the client's machine (``harness run --archive``), not the API's, the
+producer is the tenant (the turns waiting for a key's slots are served fairly across
+tenants) and its key slots are its policy's."""
 
 
 def _over_http(annotation: Any) -> Any:

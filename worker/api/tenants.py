@@ -8,7 +8,9 @@ stops working at the next request, without a restart.
 
 A tenant's policy only narrows the operator's (:func:`apply_policy` runs before the
 client's own policy check, which still applies in full): harnesses, images, grants,
-networks, tool sets and MCP servers it may ask for, and ceilings on each run's budget.
+networks, tool sets and MCP servers it may ask for, ceilings on each run's budget, and how
+many of a limited key's concurrency slots (``HARNESS_KEY_SLOTS``) its runs hold at once
+(``key_slots``: the run carries it, the slot script counts the tenant's holders).
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from config import Settings, SettingsError
 from worker.errors import InvalidInput
+from worker.options.spec import ENV_NAME
 
 TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 KEY_PREFIX = "hk_"
@@ -53,6 +56,17 @@ class TenantPolicy(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     max_turns: int | None = Field(default=None, gt=0)
     max_wall_s: float | None = Field(default=None, gt=0)
+    key_slots: dict[str, int] | None = None
+    """Per limited grant, the most of its key's slots the tenant's runs hold at once (the
+    operator's HARNESS_KEY_SLOTS limit still bounds it)."""
+
+    @field_validator("key_slots")
+    @classmethod
+    def _key_slots(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        for grant, most in (value or {}).items():
+            if not ENV_NAME.fullmatch(grant) or most < 1:
+                raise ValueError(f"key_slots {grant}={most}: a grant name and at least 1 slot")
+        return value
 
 
 class TenantKey(BaseModel):
@@ -242,6 +256,11 @@ def apply_policy(
             if not isinstance(name, str) or not _within(name, allowed):
                 raise _refuse(f"{field} {name!r}", tenant)
     result = dict(options)
+    if policy.key_slots:
+        granted = set(options.get("grants") or ())
+        caps = {grant: most for grant, most in policy.key_slots.items() if grant in granted}
+        if caps:
+            result["key_slots"] = caps
     for name in BUDGET_LIMITS:
         ceiling = getattr(policy, name)
         if ceiling is None:

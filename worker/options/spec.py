@@ -87,13 +87,6 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-"""A tool set's or an operator's MCP server's name (``--tools``, ``--mcp``): it becomes part
-of the tools' names each CLI shows its model."""
-MAX_SERVERS = 16
-"""At most this many tool sets, and as many MCP servers, attached to one run."""
-
-
 class RunOptions(BaseModel):
     """A run's options, fixed at ``start_run`` and stored in the run record."""
 
@@ -106,10 +99,6 @@ class RunOptions(BaseModel):
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     grants: tuple[str, ...] = ()
-    tools: tuple[str, ...] = ()
-    """Tool sets served by producer code the harness may call (``--tools``, docs/mcp.md)."""
-    mcp: tuple[str, ...] = ()
-    """MCP servers of the operator's (``HARNESS_MCP_SERVERS``) the harness may call (``--mcp``)."""
     sandbox: Literal["docker", "local"] | None = None
     image: str | None = None
     network: Literal["none", "bridge", "host", "egress"] | None = None
@@ -138,6 +127,9 @@ class RunOptions(BaseModel):
     producer: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")
     """Who submitted the run: turns waiting for a concurrency slot of a key are served
     fairly across producers (``worker.spend.slots``)."""
+    key_slots: dict[str, int] | None = None
+    """Per limited grant (``HARNESS_KEY_SLOTS``), the most of its key's slots this run's
+    producer holds at once (within the operator's limit): a tenant's policy sets it."""
     repo: str | None = Field(None, max_length=2000)
     """A git repository the worker clones into the workspace before the first turn."""
     ref: str | None = None
@@ -209,24 +201,15 @@ class RunOptions(BaseModel):
                 )
         return value
 
-    @field_validator("tools", "mcp")
+    @field_validator("key_slots")
     @classmethod
-    def _server_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not SERVER_NAME.fullmatch(name):
+    def _key_slots(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        for name, most in (value or {}).items():
+            if not ENV_NAME.fullmatch(name) or not 1 <= most <= 10**6:
                 raise ValueError(
-                    f"invalid server name {shown(name)}: 1 to 32 letters, digits, '_' or '-'"
+                    f"invalid key slots {shown(name)}={most}: a grant name and 1 to 1000000"
                 )
-        if len(set(value)) != len(value) or len(value) > MAX_SERVERS:
-            raise ValueError(f"at most {MAX_SERVERS} names, each once")
         return value
-
-    @model_validator(mode="after")
-    def _one_server_per_name(self) -> RunOptions:
-        both = set(self.tools) & set(self.mcp)
-        if both:
-            raise ValueError(f"{', '.join(sorted(both))}: attached both as --tools and --mcp")
-        return self
 
     @field_validator("image")
     @classmethod

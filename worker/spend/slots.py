@@ -8,12 +8,16 @@ slots, two workers holding different values do not). Its slots live in Redis:
 - ``holders``: a sorted set of ``run_id/turn`` scored by when the hold lapses (a backstop:
   the reaper releases a slot as soon as the heartbeat of the turn holding it is gone);
 - ``waiting``: a sorted set of the turns waiting, scored by when they first asked; ``who``
-  (a hash: member to producer) and ``seen`` (member to the last time it asked).
+  (a hash: member to producer) and ``seen`` (member to the last time it asked);
+- ``caps``: a hash of producer to the most slots it may hold at once, from the run's
+  ``key_slots`` (a tenant's policy: ``worker.api.tenants``), always within the limit.
 
 Taking a slot is one Lua call (:data:`worker.store.lua.SLOT_TAKE`): the waiting turns are put in a
 fair order (a producer's k-th waiting turn, counting the slots it already holds, comes after
 every other producer's (k-1)-th; in order of asking within a rank, so nobody starves), and the
-first ``N - held`` of that order get a slot.
+first ``N - held`` of that order get a slot. A producer's turn beyond its cap (its k-th,
+counting the slots it holds, with k at or past the cap) comes after all the others and takes
+none: a tenant at its cap leaves the free slots to the other tenants.
 
 A turn that gets none is **not** held by its worker: it is sent back to its queue with a
 countdown of ``HARNESS_SLOT_RETRY_S`` and asks again then. A worker process slot waiting on
@@ -152,6 +156,7 @@ def take(
                 scripts.slot_release(*_keys(deps, digest), who)
         return NO_HOLD
     producer = options.producer or ""
+    caps = (options.key_slots or {}) if producer else {}
     now = time.time()
     hold = Hold(deps, [], who)
     scripts = lua.scripts(deps.redis)
@@ -159,7 +164,15 @@ def take(
     forget_after = max(30.0, 10 * deps.settings.slot_retry_s)
     for grant, limit, digest in wanted:
         got, place, waiting = scripts.slot_take(
-            *_keys(deps, digest), who, producer, limit, now, backstop, forget_after
+            *_keys(deps, digest),
+            who,
+            producer,
+            limit,
+            now,
+            backstop,
+            forget_after,
+            caps=deps.keys.slots(digest, "caps"),
+            cap=min(caps.get(grant, 0), limit),
         )
         deps.redis.sadd(deps.keys.slots_index(), digest)
         if got:

@@ -88,11 +88,16 @@ class Scripts:
         now: float,
         backstop_s: float,
         forget_after_s: float,
+        *,
+        caps: str,
+        cap: int,
     ) -> tuple[bool, int, int]:
+        """See ``slot_take.lua``; ``caps`` the hash of each producer's cap, ``cap`` this
+        producer's (0: none)."""
         reply = self._call(
             "slot_take",
-            [holders, waiting, who, seen],
-            [member, producer, limit, repr(now), backstop_s, forget_after_s],
+            [holders, waiting, who, seen, caps],
+            [member, producer, limit, repr(now), backstop_s, forget_after_s, cap],
         )
         assert isinstance(reply, list)
         got, place, count = reply

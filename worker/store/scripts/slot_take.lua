@@ -1,7 +1,10 @@
 -- Take a concurrency slot of one credential (worker/spend/slots.py), fairly across producers.
 -- KEYS: holders (zset: member -> lapses at), waiting (zset: member -> first asked), who (hash:
--- member -> producer), seen (hash: member -> last asked). ARGV: member, producer, limit, now,
--- hold backstop (s), forget a waiter silent this long (s).
+-- member -> producer), seen (hash: member -> last asked), caps (hash: producer -> the most
+-- slots it holds at once). ARGV: member, producer, limit, now, hold backstop (s), forget a
+-- waiter silent this long (s), the producer's cap (0: none but the limit).
+-- A producer's waiting turn beyond its cap (counting the slots it holds) waits behind every
+-- turn that may take a slot: it neither takes one nor keeps another producer's turn waiting.
 -- Returns {1, 0, waiting} when the member holds a slot, else {0, its place (1 is next), waiting}.
 local now = tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -19,6 +22,14 @@ end
 redis.call('ZADD', KEYS[2], 'NX', now, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[1], now)
+if tonumber(ARGV[7]) > 0 then
+  redis.call('HSET', KEYS[5], ARGV[2], ARGV[7])
+else
+  redis.call('HDEL', KEYS[5], ARGV[2])
+end
+local caps = {}
+local capped = redis.call('HGETALL', KEYS[5])
+for i = 1, #capped, 2 do caps[capped[i]] = tonumber(capped[i + 1]) end
 local held = {}
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local p = redis.call('HGET', KEYS[3], m) or ''
@@ -31,18 +42,20 @@ for i, m in ipairs(waiting) do
   local p = redis.call('HGET', KEYS[3], m) or ''
   local k = rank[p] or held[p] or 0
   rank[p] = k + 1
-  order[#order + 1] = {k, i, m}
+  local over = caps[p] ~= nil and k >= caps[p]
+  order[#order + 1] = {over and 1 or 0, k, i, m}
 end
 table.sort(order, function(a, b)
   if a[1] ~= b[1] then return a[1] < b[1] end
-  return a[2] < b[2]
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a[3] < b[3]
 end)
-local place = 0
+local place, over = 0, 1
 for j, o in ipairs(order) do
-  if o[3] == ARGV[1] then place = j break end
+  if o[4] == ARGV[1] then place, over = j, o[1] break end
 end
 local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
-if place >= 1 and place <= free then
+if place >= 1 and place <= free and over == 0 then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
