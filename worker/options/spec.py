@@ -87,6 +87,13 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+"""A tool set's or an operator's MCP server's name (``--tools``, ``--mcp``): it becomes part
+of the tools' names each CLI shows its model."""
+MAX_SERVERS = 16
+"""At most this many tool sets, and as many MCP servers, attached to one run."""
+
+
 class RunOptions(BaseModel):
     """A run's options, fixed at ``start_run`` and stored in the run record."""
 
@@ -99,6 +106,10 @@ class RunOptions(BaseModel):
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     grants: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    """Tool sets served by producer code the harness may call (``--tools``, docs/mcp.md)."""
+    mcp: tuple[str, ...] = ()
+    """MCP servers of the operator's (``HARNESS_MCP_SERVERS``) the harness may call (``--mcp``)."""
     sandbox: Literal["docker", "local"] | None = None
     image: str | None = None
     network: Literal["none", "bridge", "host", "egress"] | None = None
@@ -210,6 +221,25 @@ class RunOptions(BaseModel):
                     f"invalid key slots {shown(name)}={most}: a grant name and 1 to 1000000"
                 )
         return value
+
+    @field_validator("tools", "mcp")
+    @classmethod
+    def _server_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not SERVER_NAME.fullmatch(name):
+                raise ValueError(
+                    f"invalid server name {shown(name)}: 1 to 32 letters, digits, '_' or '-'"
+                )
+        if len(set(value)) != len(value) or len(value) > MAX_SERVERS:
+            raise ValueError(f"at most {MAX_SERVERS} names, each once")
+        return value
+
+    @model_validator(mode="after")
+    def _one_server_per_name(self) -> RunOptions:
+        both = set(self.tools) & set(self.mcp)
+        if both:
+            raise ValueError(f"{', '.join(sorted(both))}: attached both as --tools and --mcp")
+        return self
 
     @field_validator("image")
     @classmethod
