@@ -100,13 +100,14 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
     if not life.claim(delivery):
         hold.release()
         return _redelivered(deps, run_id, turn, options)
-    parking.resumed(deps, run_id, turn)
 
     logs.bind(harness=options.harness)
     log.info("turn.started", extra={"run_id": run_id, "turn": turn, "harness": options.harness})
     started, outcome = metrics.turn_started(options.harness), "failed:internal"
     deps.shutdown.enter()
     try:
+        # Claimed: from here on every path ends the turn and releases it (a Redis error too).
+        life.patience.call(lambda: parking.resumed(deps, run_id, turn))
         entry = life.patience.call(lambda: queued.take(deps.redis, deps.keys, run_id, turn))
         if entry is not None:
             tracing.past_span("queue wait", entry.first_sent_at, time.time())
@@ -248,7 +249,7 @@ class _TurnRun:
             # next turn must come to this host (and find it), not start a second one elsewhere.
             self.wait(lambda: deps.store.update(run_id, queue=host_queue))
         work = workspace_steps.run_workspace(sandbox, run_id, self.options, deps.settings)
-        workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
+        self.wait(lambda: workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id))
         if self.turn == 1:
             try:
                 with tracing.span("seed workspace"):
