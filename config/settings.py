@@ -260,6 +260,10 @@ class Settings(BaseSettings):
     while ``harness_telemetry`` is on."""
     harness_telemetry_prompts: bool = False
     """Let the CLIs' telemetry carry prompt text (off: they are told never to export it)."""
+    stall_report_s: float = Field(60.0, ge=0)
+    """A turn whose harness has been silent this long has what it is doing (its last event,
+    its sandbox's processes and connections) written for ``harness status``, again at this
+    interval while the silence lasts (0: never). An idle or turn timeout says it anyway."""
 
     @field_validator(
         "allowed_images",

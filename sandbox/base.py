@@ -301,6 +301,88 @@ class Denial:
         return f"denied {how} {target} ({self.rule})"
 
 
+SHOWN_PROCESSES = 20
+SHOWN_CONNECTIONS = 10
+COMMAND_CHARS = 120
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    pid: int
+    ppid: int
+    state: str
+    """``R`` running, ``S`` sleeping, ``D`` in uninterruptible I/O, ``Z`` zombie, ``T``..."""
+    cpu_s: float
+    """CPU time used so far (user and system)."""
+    command: str
+
+
+@dataclass(frozen=True)
+class Connection:
+    local: str
+    remote: str
+    state: str
+
+
+@dataclass(frozen=True)
+class SandboxProcesses:
+    """A run's sandbox at one moment: its processes and its TCP connections."""
+
+    processes: tuple[ProcessRow, ...]
+    connections: tuple[Connection, ...] = ()
+
+    def describe(self) -> str:
+        """One line per process as a tree (pid, state, CPU time, command), then the
+        connections; cut at :data:`SHOWN_PROCESSES` and :data:`SHOWN_CONNECTIONS`."""
+        if not self.processes:
+            return "no process is running in the sandbox"
+        lines = ["processes (pid state cpu command):"]
+        for depth, row in _tree(self.processes)[:SHOWN_PROCESSES]:
+            command = row.command[:COMMAND_CHARS]
+            lines.append(f"{'  ' * (depth + 1)}{row.pid} {row.state} {row.cpu_s:.1f}s {command}")
+        if len(self.processes) > SHOWN_PROCESSES:
+            lines.append(f"  ... {len(self.processes) - SHOWN_PROCESSES} more")
+        if self.connections:
+            lines.append("connections:")
+            lines.extend(
+                f"  {c.local} -> {c.remote} {c.state}" for c in self.connections[:SHOWN_CONNECTIONS]
+            )
+        else:
+            lines.append("no open TCP connection")
+        return "\n".join(lines)
+
+
+def _tree(rows: tuple[ProcessRow, ...]) -> list[tuple[int, ProcessRow]]:
+    pids = {row.pid for row in rows}
+    children: dict[int, list[ProcessRow]] = {}
+    for row in rows:
+        children.setdefault(row.ppid if row.ppid in pids else 0, []).append(row)
+    ordered: list[tuple[int, ProcessRow]] = []
+
+    def walk(parent: int, depth: int) -> None:
+        for row in sorted(children.get(parent, []), key=lambda r: r.pid):
+            ordered.append((depth, row))
+            if row.pid != parent:
+                walk(row.pid, depth + 1)
+
+    walk(0, 0)
+    return ordered
+
+
+@runtime_checkable
+class Inspect(Protocol):
+    """A backend that can show what runs in a run's sandbox (optional): what a stalled
+    turn's diagnosis says the harness was doing.
+
+    Callers check for it with ``isinstance(sandbox, Inspect)``.
+    """
+
+    def processes(self, run_id: str) -> SandboxProcesses:
+        """The run's processes now (the harness and its children, with state and CPU time)
+        and their open TCP connections. Read-only; quick (one exec or one pass over
+        ``/proc``). Raises the :class:`SandboxError` tree."""
+
+
 @runtime_checkable
 class Egress(Protocol):
     """A backend that can confine runs (network ``egress``) to an allowlist through an

@@ -27,9 +27,11 @@ from sandbox.base import (
     Placement,
     RunSpec,
     SandboxError,
+    SandboxProcesses,
     StartFailed,
 )
 from sandbox.chunks import ChunkQueue
+from sandbox.procs import read_group
 from sandbox.stdin_pipe import StdinPipe
 from sandbox.store.snapshots import SnapshotStore
 from sandbox.workspace import safe_name, workspace_dir
@@ -318,6 +320,12 @@ class LocalSandbox:
         if not keep_workspace:
             shutil.rmtree(self.root / "run" / run_id, ignore_errors=True)
         meta_path.unlink(missing_ok=True)
+
+    def processes(self, run_id: str) -> SandboxProcesses:
+        """The process groups of the run's turns running now, from ``/proc``."""
+        with self._lock:
+            groups = {process.pid for process in self._processes.get(run_id, set())}
+        return read_group(groups)
 
     def diagnose(self, run_id: str) -> str | None:
         workspace = self.root / "run" / safe_name(run_id, "run id")

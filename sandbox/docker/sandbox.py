@@ -58,6 +58,7 @@ from sandbox.base import (
     RunSpec,
     SandboxError,
     SandboxGone,
+    SandboxProcesses,
     SandboxUnavailable,
     StartFailed,
 )
@@ -74,6 +75,7 @@ from sandbox.docker.gateway import Gateway
 from sandbox.docker.placements import KnownPlacements
 from sandbox.docker.stream import RawEndpoint
 from sandbox.docker.warm_pool import POOL_PREFIX, ContainerPool
+from sandbox.procs import parse_processes, processes_argv
 from sandbox.store.snapshots import SnapshotStore
 from sandbox.workspace import LeaseFiles, safe_name, workspace_dir
 
@@ -328,6 +330,18 @@ class DockerSandbox:
                     "sandbox.teardown_failed",
                     extra={"run_id": run_id, "error": str(exc), "step": "remove workspace"},
                 )
+
+    def processes(self, run_id: str) -> SandboxProcesses:
+        """The container's processes (``ps``, which the harness images carry) and its TCP
+        connections (``/proc/net``: the container's own network namespace), one exec."""
+        with self._seam("find the run's container", run_id=run_id):
+            container = self._containers.find(container_name(run_id))
+        if container is None:
+            raise SandboxGone(f"the container of run {run_id} is gone")
+        _code, out, _ = self._execs.run(
+            container.id, processes_argv(), action="list the container's processes", run_id=run_id
+        )
+        return parse_processes(out.decode("utf-8", "replace"))
 
     def diagnose(self, run_id: str) -> str | None:
         """Why the run's container cannot run turns: gone, OOM-killed, stopped, daemon down."""

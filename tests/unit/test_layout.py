@@ -112,7 +112,14 @@ class Rule:
 
 
 BACKEND = frozenset(
-    {"sandbox.base", "sandbox.chunks", "sandbox.stdin_pipe", "sandbox.workspace", "sandbox.store"}
+    {
+        "sandbox.base",
+        "sandbox.chunks",
+        "sandbox.procs",
+        "sandbox.stdin_pipe",
+        "sandbox.workspace",
+        "sandbox.store",
+    }
 )
 # The most specific entry (by path) is a module's rule.
 RULES: dict[str, Rule] = {

@@ -549,6 +549,7 @@ RECORD_FIRST = (
     "waiting",
     "resume_at",
     "waiting_for_slot",
+    "silent",
     "last_error",
     "budget_exceeded",
     "warnings",
@@ -573,6 +574,10 @@ def record_rows(record: dict[str, Any], now: float | None = None) -> list[tuple[
     waiting = fields.pop("waiting_for_worker", None)
     if isinstance(waiting, dict):
         fields["waiting"] = waiting_text(waiting, now)
+    silent = fields.pop("silent_turn", None)
+    if isinstance(silent, dict):
+        turn, activity, processes = (silent.get(k) for k in ("turn", "activity", "processes"))
+        fields["silent"] = f"turn {turn}: {activity}\n{processes}"
     order = {key: i for i, key in enumerate(RECORD_ORDER)}
     keys = sorted(fields, key=lambda k: order.get(k, len(order)))
     return [(key, clean(_record_value(key, fields[key], now))) for key in keys]

@@ -61,6 +61,7 @@ from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
 from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT
 from worker.store.terminal import TurnRef, end_unclaimed_turn
+from worker.turn.stall import read_report
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")
@@ -438,7 +439,15 @@ class HarnessClient:
         record["waiting_for_worker"] = None if waiting is None else waiting.as_dict()
         slot = slots.waiting_notice(run_id, record)
         record["waiting_for_slot"] = None if slot is None else slot.as_dict()
+        record["silent_turn"] = self._silent(run_id, record)
         return record
+
+    def _silent(self, run_id: str, record: dict[str, Any]) -> dict[str, Any] | None:
+        """What the current turn's harness was doing when it had been silent for long."""
+        turn = record.get("current_turn")
+        if record.get("status") not in EXECUTING or not turn:
+            return None
+        return read_report(self.redis, self.keys, run_id, int(turn))
 
     @_translate
     def waiting(self, run_id: str) -> Waiting | None:

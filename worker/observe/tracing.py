@@ -10,8 +10,9 @@ from ``OTEL_EXPORTER_OTLP_*``, the batch processor ``OTEL_BSP_*``, the sampler
 (our service name is the default only). An application that installed its own tracer
 provider before it made a :class:`~worker.client.HarnessClient` gets our spans in it.
 
-Off, this module imports no OpenTelemetry at all: :func:`span` hands back one shared no-op
-context manager, and every helper returns at its first line.
+Off, this module imports no OpenTelemetry at all (the SDK, its exporter and the Celery
+instrumentation are never loaded): :func:`span` hands back one shared no-op context manager,
+and every helper returns at its first line.
 
 :func:`setup` is called once per process by whoever runs there first: the worker's app,
 the ``harness`` command, the HTTP API, a HarnessClient. The Celery layer then instruments

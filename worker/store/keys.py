@@ -200,6 +200,11 @@ class Keys:
         """Set once when a worker takes a turn: a redelivered turn never runs twice."""
         return f"{self.prefix}:run:{run_id}:turn:{turn}:started"
 
+    def turn_silent(self, run_id: str, turn: int) -> str:
+        """What the turn's harness was doing when it had been silent for long (JSON, with a
+        TTL; worker/turn/stall.py): ``harness status`` shows it."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:silent"
+
     def turn_owner(self, run_id: str, turn: int) -> str:
         """The owning worker's heartbeat (expires when it dies)."""
         return f"{self.prefix}:run:{run_id}:turn:{turn}:owner"

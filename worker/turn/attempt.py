@@ -21,6 +21,7 @@ from sandbox.base import Process
 from worker.permissions.requests import Gate
 from worker.spend.budgets import UsageTotals
 from worker.store.publisher import RedisStreamPublisher
+from worker.turn.stall import Stall
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class Publishing:
         """Told every event with the turn's usage so far (the run's budget,
         :class:`worker.spend.budgets.Guard`); what it returns stops the harness (:attr:`halt`)."""
         self.halt: SessionError | None = None
+        self.last_event: tuple[str, float] | None = None
+        """The type and monotonic time of the last event sent (a stalled turn's diagnosis)."""
         self.tools: ToolEvents | None = None
         """The turn's MCP endpoint while the harness runs (:mod:`worker.tools.endpoint`):
         the read loop publishes what it queued and holds the idle clock while a call waits."""
@@ -82,6 +85,8 @@ class Publishing:
                 self.sessions.append(event)
             if self.guard is not None and self.halt is None:
                 self.halt = self.guard(event, self.usage)
+        if events:
+            self.last_event = (events[-1].type, time.monotonic())
         self.publisher.publish(events)
 
 
@@ -92,13 +97,16 @@ def drive(
     limits: Limits,
     should_stop: Callable[[], SessionError | None],
     gate: Gate | None = None,
+    stall: Stall | None = None,
 ) -> Outcome:
     """Run one process to the end of its turn; always leaves the process dead.
 
     With a ``gate`` (``--posture ask``) the harness's permission requests are published and
     answered here; while one waits the turn and idle timeouts stand still (the gate's own
-    deadline runs instead)."""
+    deadline runs instead). With a ``stall``, a timeout's ``session-error`` says what the
+    harness was doing, and a long silence is reported while it lasts."""
     loop = _ReadLoop(process, driver, out, limits, should_stop, gate)
+    loop.stall = stall
     out.send(driver.start())  # empty when the caller already published turn-started
     try:
         while not loop.should_break() and not loop.read():
@@ -128,6 +136,7 @@ class _ReadLoop:
         self.terminal_at: float | None = None
         self.next_check = 0.0
         self.stop: SessionError | None = None
+        self.stall: Stall | None = None
 
     def should_break(self) -> bool:
         """Time passes: the terminal's exit grace, a stop asked for, a timeout, EOF."""
@@ -155,13 +164,24 @@ class _ReadLoop:
                 self.out.send(gate.poll())
             if tools is not None:
                 self.out.send(tools.drain())
-        if self.stop is None and now >= limits.deadline:
-            self.stop = session_error("the turn timed out", "timeout")
-        elif self.stop is None and now - self.last_output >= limits.idle_s:
-            self.stop = session_error(
-                f"the harness produced no output for {limits.idle_s:g}s", "timeout"
-            )
+        if self.stop is None:
+            self.stop = self._timed_out(now)
         return self.stop is not None or self.process.eof
+
+    def _timed_out(self, now: float) -> SessionError | None:
+        """The turn or idle timeout, with what the harness was doing when it fired."""
+        limits, stall = self.limits, self.stall
+        if now >= limits.deadline:
+            what = "the turn timed out"
+        elif now - self.last_output >= limits.idle_s:
+            what = f"the harness produced no output for {limits.idle_s:g}s"
+        else:
+            if stall is not None:
+                stall.watch(self.last_output)
+            return None
+        if stall is not None:
+            what = f"{what}: {stall.describe(self.last_output)}"
+        return session_error(what, "timeout")
 
     def read(self) -> bool:
         """Read what has arrived and publish it. True when a budget crossed stops the turn."""
