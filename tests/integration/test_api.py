@@ -4,13 +4,19 @@ kept apart, and its errors."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import tarfile
 import time
+from http.client import HTTPConnection
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from tests.integration.api_server import ApiProcess, api, api_env, api_worker  # noqa: F401
+from tests.integration.api_server import ApiProcess, api, api_env, api_worker, start_api  # noqa: F401
 from tests.integration.conftest import DEMO
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
@@ -270,3 +276,77 @@ def test_every_route_is_in_openapi_with_its_errors(api: ApiProcess) -> None:  # 
     assert {"harness", "input", "labels", "webhook_url", "posture", "max_cost_usd"} <= set(
         run_fields
     )
+
+
+def _archive(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _multipart(run: dict[str, Any], archive: bytes | None) -> dict[str, Any]:
+    parts: dict[str, Any] = {"run": (None, json.dumps(run), "application/json")}
+    if archive is not None:
+        parts["archive"] = ("seed.tar.gz", archive, "application/gzip")
+    return parts
+
+
+def test_a_run_is_seeded_from_an_archive_sent_with_it(api: ApiProcess) -> None:  # noqa: F811
+    archive = _archive({"hello.txt": b"hello from the uploaded archive\n"})
+    run = {**RUN, "input": "@run cat hello.txt\n@complete seeded"}
+    with api.client("acme") as http:
+        created = http.post("/v1/runs", files=_multipart(run, archive))
+        assert created.status_code == 201, created.text
+        run_id = created.json()["run_id"]
+        assert wait_terminal(http, run_id, 1)["type"] == "turn-complete"
+        events = http.get(f"/v1/runs/{run_id}/events").text
+        assert "hello from the uploaded archive" in events
+        record = http.get(f"/v1/runs/{run_id}").json()
+        assert record["seed"] == f"archive sha256:{hashlib.sha256(archive).hexdigest()}"
+        assert record["options"]["archive_bytes"] == len(archive)
+        # The form's parts are checked as the JSON body is: the run's JSON, then both parts.
+        bad = http.post("/v1/runs", files=_multipart({**run, "colour": "red"}, archive))
+        assert bad.status_code == 422 and bad.json()["error"]["path"] == "body.colour"
+        alone = http.post("/v1/runs", files=_multipart(run, None))
+        assert alone.status_code == 400 and "'archive' part" in alone.json()["error"]["message"]
+    spec = httpx.get(f"{api.url}/openapi.json").json()
+    body = spec["paths"]["/v1/runs"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "multipart/form-data"}
+
+
+def test_an_archive_over_the_ceiling_is_413(api_env: Any, tmp_path: Any) -> None:  # noqa: F811
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    small = start_api(
+        api_env,
+        name="small-archives",
+        HARNESS_ARCHIVE_MAX_BYTES="2000",
+        HARNESS_TENANTS_FILE=str(tmp_path / "tenants.json"),
+        TMPDIR=str(scratch),
+    )
+    try:
+        small.add_tenant("acme")
+        run = {**RUN, "input": "@complete never"}
+        with small.client("acme") as http:
+            over = http.post("/v1/runs", files=_multipart(run, b"\0" * 2001))
+            assert over.status_code == 413 and over.json()["error"]["type"] == "too_large"
+            assert "HARNESS_ARCHIVE_MAX_BYTES" in over.json()["error"]["message"]
+            within = http.post("/v1/runs", files=_multipart(run, _archive({"a.txt": b"a"})))
+            assert within.status_code == 201, within.text
+        assert not list(scratch.iterdir())  # the archive's file lasts as long as its request
+        # Far past it: refused by its Content-Length, before a byte of the body is read.
+        address = urlsplit(small.url)
+        raw = HTTPConnection(address.hostname or "", address.port, timeout=10)
+        raw.putrequest("POST", "/v1/runs")
+        raw.putheader("Authorization", f"Bearer {small.keys['acme']}")
+        raw.putheader("Content-Type", "multipart/form-data; boundary=x")
+        raw.putheader("Content-Length", str(18 * 1024 * 1024 + 2001))
+        raw.endheaders()
+        assert raw.getresponse().status == 413
+        raw.close()
+    finally:
+        small.stop()

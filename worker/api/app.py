@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from config import Settings, load_settings
-from worker.api import errors, page, routes
+from worker.api import errors, page, routes, uploads
 from worker.api.limits import RateLimiter
 from worker.api.settings import ApiSettings, load_api_settings
 from worker.api.sse import StreamHub
@@ -59,20 +59,29 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class BodyLimit:
-    """413 for a body over ``limit`` bytes, by its Content-Length or as it is read."""
+    """413 for a body over ``limit`` bytes, by its Content-Length or as it is read; a run
+    created with an archive (``POST /v1/runs``, multipart) may add ``archive`` bytes."""
 
-    def __init__(self, app: Any, limit: int) -> None:
+    def __init__(self, app: Any, limit: int, archive: int = 0) -> None:
         self.app = app
         self.limit = limit
+        self.archive = archive
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers") or ()).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
+        headers = dict(scope.get("headers") or ())
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        limit = self.limit
+        if (scope.get("method"), scope.get("path")) == ("POST", "/v1/runs") and (
+            uploads.is_multipart({"content-type": content_type})
+        ):
+            limit += self.archive
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
             await errors.respond(
-                errors.ApiError(413, "too_large", f"the body is over {self.limit} bytes")
+                errors.ApiError(413, "too_large", f"the body is over {limit} bytes")
             )(scope, receive, send)
             return
         seen = 0
@@ -81,8 +90,8 @@ class BodyLimit:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise errors.ApiError(413, "too_large", f"the body is over {self.limit} bytes")
+            if seen > limit:
+                raise errors.ApiError(413, "too_large", f"the body is over {limit} bytes")
             return message
 
         await self.app(scope, limited, send)
@@ -154,7 +163,10 @@ def create_app(
             allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
         )
-    app.add_middleware(BodyLimit, limit=api_settings.api_max_body_bytes)
+    app.add_middleware(
+        BodyLimit, limit=api_settings.api_max_body_bytes, archive=settings.archive_max_bytes
+    )
+    uploads.document(app)
     return app
 
 

@@ -15,7 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from worker.api import schemas, sse, webhooks
+from worker.api import schemas, sse, uploads, webhooks
 from worker.api.errors import ERROR_RESPONSES, ApiError, not_found
 from worker.api.tenants import Tenant, apply_policy, check_budget
 from worker.errors import InvalidInput
@@ -78,24 +78,37 @@ async def _owned(request: Request, run_id: str, tenant: Tenant) -> Any:
 # -- runs and turns -------------------------------------------------------------------------
 
 
-@router.post("/v1/runs", status_code=201, response_model=schemas.RunCreated, responses=_errors(409))
-async def create_run(request: Request, body: schemas.RunCreate, tenant: TenantDep) -> Any:
-    """Start a run and its first turn (the run options of ``harness run``)."""
+@router.post(
+    "/v1/runs",
+    status_code=201,
+    response_model=schemas.RunCreated,
+    responses=_errors(409),
+    openapi_extra=uploads.REQUEST_BODY,
+)
+async def create_run(request: Request, tenant: TenantDep) -> Any:
+    """Start a run and its first turn (the run options of ``harness run``, as RunCreate).
+    With a workspace archive: ``multipart/form-data``, a ``run`` part (that JSON) and an
+    ``archive`` part (a tar, tar.gz or zip; at most HARNESS_ARCHIVE_MAX_BYTES, else 413)."""
     api = _api(request)
-    fields = body.model_dump(exclude_none=True)
-    harness, text = fields.pop("harness"), fields.pop("input")
-    webhook_url = fields.pop("webhook_url", None) or tenant.webhook_url
-    options = apply_policy(tenant, harness, {**fields, "producer": tenant.name}, api.settings)
-    if webhook_url:
-        await run_in_threadpool(webhooks.check_url, webhook_url, api.api)
-    run_id = await run_in_threadpool(
-        api.client.start_run,
-        harness,
-        text,
-        **options,
-        tenant=tenant.name,
-        webhook_url=body.webhook_url,
-    )
+    ceiling, part_max = api.settings.archive_max_bytes, api.api.api_max_body_bytes
+    async with uploads.run_request(request, ceiling, part_max) as (body, archive):
+        fields = body.model_dump(exclude_none=True)
+        harness, text = fields.pop("harness"), fields.pop("input")
+        webhook_url = fields.pop("webhook_url", None) or tenant.webhook_url
+        producer = {**fields, "producer": tenant.name}
+        options = apply_policy(tenant, harness, producer, api.settings)
+        if archive is not None:
+            options["archive"] = str(archive)
+        if webhook_url:
+            await run_in_threadpool(webhooks.check_url, webhook_url, api.api)
+        run_id = await run_in_threadpool(
+            api.client.start_run,
+            harness,
+            text,
+            **options,
+            tenant=tenant.name,
+            webhook_url=body.webhook_url,
+        )
     if webhook_url:
         await api.webhooks.watch(run_id)
     return {"run_id": run_id, "turn": 1}
