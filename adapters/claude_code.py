@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import coerce, mcp_config
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -36,7 +36,7 @@ CAPABILITIES = Capabilities(
     cost_reporting=True,
     model_selection=True,
     model_reporting=True,
-    mcp_client=False,
+    mcp_client=True,
     permission_ask=True,
 )
 
@@ -96,19 +96,34 @@ def command(
         files[path] = request.system_prompt
         argv += ["--append-system-prompt-file", path]
     argv += permissions
+    if request.mcp_servers:
+        # 2.1.328: only these servers (--strict-mcp-config: none of the user's or project's),
+        # the credential passed on by name (it expands ${NAME} in the file).
+        path = f"{request.home.rstrip('/')}/{mcp_config.COMMON_FILE}"
+        files[path] = mcp_config.common_json(request.mcp_servers, lambda name: f"${{{name}}}")
+        argv += ["--mcp-config", path, "--strict-mcp-config"]
     if request.posture == "dangerous":
         # 2.1.328 refuses the skip flag as root unless told it is sandboxed; the dangerous
         # posture is the producer saying exactly that.
         env["IS_SANDBOX"] = "1"
     # Both flags take a variable number of values: each pattern is one argv element, and no
     # positional argument follows them.
-    if request.allow:
-        argv += ["--allowedTools", *request.allow]
+    allowed = [*request.allow, *_attached(request)]
+    if allowed:
+        argv += ["--allowedTools", *allowed]
     if request.deny:
         argv += ["--disallowedTools", *request.deny]
     if request.base_url:
         env["ANTHROPIC_BASE_URL"] = request.base_url
     return Command(tuple(argv), stdin, env, files, cwd=request.workspace, keep_stdin=keep_stdin)
+
+
+def _attached(request: TurnRequest) -> list[str]:
+    """The attached servers' tools are allowed (the operator attached them), except under
+    ``--posture ask``, where they are asked like any other tool."""
+    if request.posture == "ask":
+        return []
+    return [f"mcp__{server.name}" for server in request.mcp_servers]
 
 
 def _session(state: State) -> list[Event]:

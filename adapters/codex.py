@@ -36,7 +36,7 @@ CAPABILITIES = Capabilities(
     cost_reporting=False,
     model_selection=True,
     model_reporting=False,
-    mcp_client=False,
+    mcp_client=True,
     permission_ask=True,
 )
 
@@ -81,7 +81,7 @@ def _toml(value: str) -> str:
 
 def config_file(request: TurnRequest, sandbox_mode: str) -> dict[str, str]:
     """``$HOME/.codex/config.toml``, which ``exec``, ``exec resume`` and ``app-server`` read:
-    the sandbox mode, the system prompt, the provider of a base URL."""
+    the sandbox mode, the system prompt, the provider of a base URL, the run's MCP servers."""
     home = request.home.rstrip("/")
     return {f"{home}/.codex/config.toml": _config(request, sandbox_mode)}
 
@@ -108,6 +108,16 @@ def _config(request: TurnRequest, sandbox_mode: str) -> str:
             f"base_url = {_toml(request.base_url)}",
             'wire_api = "responses"',
             f"env_key = {_toml(key)}",
+        ]
+    for server in request.mcp_servers:
+        # 0.169.0 starts a stdio server with a cleared environment: env_vars names what it
+        # passes on (the run's credential), so no value is written here.
+        lines += [
+            "",
+            f"[mcp_servers.{server.name}]",
+            f"command = {_toml(server.command[0])}",
+            f"args = [{', '.join(_toml(a) for a in server.command[1:])}]",
+            f"env_vars = [{', '.join(_toml(n) for n in server.env)}]",
         ]
     return "\n".join(lines) + "\n"
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import coerce, mcp_config
 from adapters.errors import classify, error_event
 from adapters.events import (
     AssistantText,
@@ -36,7 +36,7 @@ CAPABILITIES = Capabilities(
     cost_reporting=False,
     model_selection=True,
     model_reporting=True,
-    mcp_client=False,
+    mcp_client=True,
     permission_ask=True,
 )
 
@@ -103,6 +103,19 @@ def _policy(request: TurnRequest) -> str:
     return "\n\n".join(rules) + "\n"
 
 
+def _settings(request: TurnRequest) -> str:
+    """The run's settings: auth, retries and the run's MCP servers (``trust`` skips 0.61.0's
+    confirmation of their tools, except under ``--posture ask``, where they are asked)."""
+    if not request.mcp_servers:
+        return _SETTINGS
+    settings = json.loads(_SETTINGS)
+    servers = mcp_config.common(request.mcp_servers, lambda name: f"${{{name}}}")["mcpServers"]
+    for server in servers.values():
+        server["trust"] = request.posture != "ask"
+    settings["mcpServers"] = servers
+    return json.dumps(settings) + "\n"
+
+
 def invocation(
     request: TurnRequest, mode: tuple[str, ...], approval_mode: str, *, resume: bool
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -116,7 +129,7 @@ def invocation(
     if request.resume_session and resume:
         argv += ["--resume", request.resume_session]
     argv += ["--approval-mode", approval_mode]
-    files = {f"{home}/.gemini/settings.json": _SETTINGS}
+    files = {f"{home}/.gemini/settings.json": _settings(request)}
     env = {"GEMINI_CLI_TRUST_WORKSPACE": "true"}
     if request.allow or request.deny:
         files[f"{home}/.harness/gemini-policy.toml"] = _policy(request)

@@ -38,7 +38,7 @@ CAPABILITIES = Capabilities(
     cost_reporting=True,
     model_selection=True,
     model_reporting=False,  # 1.18.33 names no model in its stream
-    mcp_client=False,
+    mcp_client=True,
     permission_ask=True,
 )
 
@@ -153,6 +153,18 @@ def setup(request: TurnRequest) -> Setup:
         "instructions": instructions,
         "permission": permission_config(request),
     }
+    if request.mcp_servers:
+        # 1.18.33: a local server per attached one, its tools named SERVER_TOOL; the
+        # credential passed on by name ({env:NAME} is substituted when the config loads).
+        config["mcp"] = {
+            server.name: {
+                "type": "local",
+                "command": list(server.command),
+                "enabled": True,
+                "environment": {name: "{env:" + name + "}" for name in server.env},
+            }
+            for server in request.mcp_servers
+        }
     model = request.model
     env = {
         "OPENCODE_DISABLE_PROJECT_CONFIG": "1",

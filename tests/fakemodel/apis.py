@@ -34,6 +34,8 @@ class Answer:
     tool_name: str | None = None
     tool_args: dict[str, Any] | None = None
     truncated: bool = False
+    tool_namespace: str | None = None
+    """The Responses API's namespace of the tool (Codex's MCP tools: ``mcp__SERVER``)."""
 
     @property
     def text(self) -> str:
@@ -306,6 +308,13 @@ class Responses:
             for t in body.get("tools") or []
             if t.get("type") == "function"
         ]
+        for space in body.get("tools") or []:
+            if space.get("type") == "namespace":  # codex 0.169.0: an MCP server's tools
+                tools += [
+                    {"name": t.get("name"), "parameters": t.get("parameters") or {},
+                     "namespace": space.get("name")}
+                    for t in space.get("tools") or []
+                ]  # fmt: skip
         return Conversation(items, tools)
 
     @staticmethod
@@ -328,6 +337,7 @@ class Responses:
                 "call_id": "call_" + item_id[3:],
                 "name": answer.tool_name,
                 "arguments": json.dumps(answer.tool_args) if done else "",
+                **({"namespace": answer.tool_namespace} if answer.tool_namespace else {}),
             }
         content = [{"type": "output_text", "text": answer.text, "annotations": []}]
         return {

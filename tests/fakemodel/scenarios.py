@@ -28,6 +28,7 @@ SCENARIOS: tuple[str, ...] = (
     "slow",
     "truncated",
     "forbidden",
+    "mcp",
 )
 
 TEXT_ANSWER = "Hello from the fake model."
@@ -46,6 +47,21 @@ harness's working directory, the workspace) and prints ``edit-ran``."""
 TOOL_DESCRIPTION = "Print the tool marker"
 TOOL_FINAL_PREFIX = "Done. The command printed: "
 """The ``tool`` scenario's final answer is this prefix plus the tool result's text (trimmed)."""
+
+MCP_SERVER = "orders"
+"""The ``mcp`` scenario's tool set (attached with ``--tools orders``) and its tool, called
+with :data:`MCP_ARGUMENTS`; the final answer is :data:`MCP_FINAL_PREFIX` plus the result."""
+MCP_TOOL = "lookup"
+MCP_ARGUMENTS: dict[str, Any] = {"order_id": 7}
+MCP_FINAL_PREFIX = "The order tool said: "
+MCP_TOOL_NAMES: tuple[str, ...] = (
+    f"mcp__{MCP_SERVER}__{MCP_TOOL}",  # claude-code
+    f"mcp_{MCP_SERVER}_{MCP_TOOL}",  # gemini
+    f"{MCP_SERVER}_{MCP_TOOL}",  # opencode, pi (our extension)
+    MCP_TOOL,  # codex, in the namespace mcp__orders
+)
+TOOL_SEARCH = "ToolSearch"
+"""Claude Code 2.1.328 defers MCP tools: the model selects one with this tool first."""
 
 TRUNCATED_TEXT = "This answer stops in the mid"
 """What the ``truncated`` scenario streams before it drops the connection."""
@@ -128,6 +144,26 @@ class Conversation:
     def tool_results(self) -> list[str]:
         """Tool results given back to the model in the current turn."""
         return [i.text for i in self.current_turn() if i.kind == "tool_result"]
+
+    def mcp_tool(self) -> dict[str, Any] | None:
+        """The ``mcp`` scenario's tool among those offered, by any CLI's name for it."""
+        for tool in self.tools:
+            namespace = tool.get("namespace")
+            if tool.get("name") in MCP_TOOL_NAMES[:3] or (
+                namespace == f"mcp__{MCP_SERVER}" and tool.get("name") == MCP_TOOL
+            ):
+                return tool
+        return None
+
+    def mcp_result(self) -> str | None:
+        """The result of the ``mcp`` scenario's call in the current turn, once it came."""
+        called = False
+        for item in self.current_turn():
+            if item.kind == "tool_call":
+                called = '"order_id"' in item.text
+            elif item.kind == "tool_result" and called:
+                return item.text
+        return None
 
     def shell_tool(self) -> dict[str, Any] | None:
         by_name = {t.get("name"): t for t in self.tools}

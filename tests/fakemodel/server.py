@@ -34,10 +34,15 @@ from tests.fakemodel.limits import Windows, limited_reply
 from tests.fakemodel.scenarios import (
     DEFAULT_SLOW_DELAY_S,
     EDIT_COMMAND,
+    MCP_ARGUMENTS,
+    MCP_FINAL_PREFIX,
+    MCP_SERVER,
+    MCP_TOOL,
     SCENARIOS,
     SLOW_CHUNKS,
     TEXT_ANSWER,
     TOOL_COMMAND,
+    TOOL_SEARCH,
     TRUNCATED_TEXT,
     USAGE,
     Conversation,
@@ -151,6 +156,24 @@ def _route(path: str) -> tuple[str | None, str, str | None]:
         if method == "countTokens":
             return "gemini", "count_tokens", model
     return None, "unknown", None
+
+
+def _mcp(conv: Conversation, model: str) -> Answer:
+    """The ``mcp`` scenario: call the attached tool (after selecting it with ToolSearch where
+    it is deferred), then answer with what it returned."""
+    result = conv.mcp_result()
+    if result is not None:
+        return Answer(model, (MCP_FINAL_PREFIX + result.strip()[:200],))
+    tool = conv.mcp_tool()
+    if tool is not None:
+        return Answer(
+            model, tool_name=str(tool["name"]), tool_args=dict(MCP_ARGUMENTS),
+            tool_namespace=tool.get("namespace"),
+        )  # fmt: skip
+    if any(t.get("name") == TOOL_SEARCH for t in conv.tools) and not conv.tool_results():
+        query = {"query": f"select:mcp__{MCP_SERVER}__{MCP_TOOL}", "max_results": 5}
+        return Answer(model, tool_name=TOOL_SEARCH, tool_args=query)
+    return Answer(model, (TEXT_ANSWER,))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -300,6 +323,8 @@ class _Handler(BaseHTTPRequestHandler):
                     ),
                 )
             return Answer(model, (TEXT_ANSWER,))
+        if scenario == "mcp":
+            return _mcp(conv, model)
         if scenario == "slow":
             size = -(-len(TEXT_ANSWER) // SLOW_CHUNKS)
             pieces = tuple(TEXT_ANSWER[i : i + size] for i in range(0, len(TEXT_ANSWER), size))

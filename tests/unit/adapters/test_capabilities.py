@@ -30,7 +30,7 @@ from helpers import RecordedHarness, by_type, json_lines, replay
 import adapters
 from adapters import stdio_json
 from adapters.events import Event, Session, TurnComplete, Usage
-from adapters.protocol import Adapter, Command, ExitInfo, TurnRequest
+from adapters.protocol import Adapter, Command, ExitInfo, McpServer, TurnRequest
 from config import Settings, load_settings
 from worker.errors import InvalidInput
 from worker.options.policy import fit_request, resolve
@@ -270,8 +270,24 @@ def test_model_reporting_true_reports_a_model_and_false_none(harness: str) -> No
 
 
 @pytest.mark.parametrize("harness", EACH_HARNESS)
-@pytest.mark.parametrize("flag", ["permission_hooks", "mcp_client"])
+@pytest.mark.parametrize("flag", ["permission_hooks"])
 def test_flags_nothing_implements_are_false(harness: str, flag: str) -> None:
-    """No adapter asks us mid-turn or configures MCP servers: a harness declaring either
-    true needs the runtime that backs it (and a test of it here) first."""
+    """No adapter asks us mid-turn through hooks: a harness declaring it true needs the
+    runtime that backs it (and a test of it here) first."""
     assert _caps(harness)[flag] is False
+
+
+@pytest.mark.parametrize("harness", EACH_HARNESS)
+def test_mcp_client_true_hands_the_runs_servers_to_the_harness(harness: str) -> None:
+    """True: the run's servers (the bridge to its endpoint) are in the harness's own MCP
+    configuration, the credential passed by name only; that the CLI loads them and calls a
+    tool is shown live (tests/conformance/test_tools_live.py). False: nothing is configured
+    (and the worker refuses such a run its tools)."""
+    bridge = ("python3", "/w/.home/.harness/mcp-bridge.py", "/w/.home/.harness/mcp.sock", "orders")
+    server = McpServer("orders", bridge, env=("HARNESS_RUN_TOKEN",))
+    request = TurnRequest("q", model="m", executable="x", mcp_servers=(server,))
+    configured = _everywhere(adapters.get(harness).build_command(request))
+    if _caps(harness)["mcp_client"]:
+        assert "mcp-bridge.py" in configured and "mcp.sock" in configured
+    else:
+        assert "mcp-bridge.py" not in configured
