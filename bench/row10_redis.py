@@ -264,10 +264,15 @@ def idle_runs(
             time.sleep(0.2)
         raw = held = 0
         encodings: set[str] = set()
+        per_key: dict[str, list[int]] = {}
         for run_id in made:
             keys = list(r.scan_iter(match=f"{env.keys.run(run_id)}*", count=1000))
-            held += key_memory(r, keys)
-            raw += sum(key_json_bytes(r, key) for key in keys)
+            for key in keys:
+                memory, as_json = key_memory(r, [key]), key_json_bytes(r, key)
+                held, raw = held + memory, raw + as_json
+                name = key.removeprefix(f"{env.keys.prefix}:").replace(run_id, "<id>")
+                kind = per_key.setdefault(name, [0, 0, 0])
+                kind[0], kind[1], kind[2] = kind[0] + 1, kind[1] + memory, kind[2] + as_json
             raw += _line(run_id)  # its member of the set of active runs
             encodings.add(f"record {r.object('encoding', env.keys.run(run_id))}")
         index = r.scard(env.keys.runs_index())
@@ -289,6 +294,13 @@ def idle_runs(
         result.notes.append(
             f"idle runs, {config}: {', '.join(sorted(encodings))}; {len(made)} runs, "
             f"{mib(held):.2f} MiB in all"
+        )
+        result.notes.append(
+            f"idle run's keys, {config} (runs holding it: MEMORY USAGE / as JSON, B each): "
+            + "; ".join(
+                f"{name} ({n}: {memory // n} / {as_json // n})"
+                for name, (n, memory, as_json) in sorted(per_key.items())
+            )
         )
         for run_id in [warm, *made]:
             client.end(run_id, timeout=60)

@@ -456,8 +456,9 @@ class _FlakyRedis:
 
 def test_a_redis_blip_after_the_claim_is_ridden_out(world: World) -> None:
     run_id = world.run()
-    # The first read is the options, before the claim; the second, after it, blips.
-    flaky = _FlakyRedis(world.client, "hgetall", fail=3, skip=1)
+    # The first read (a pipeline: the record and its long hash) is the options, before the
+    # claim; the second, after it, blips.
+    flaky = _FlakyRedis(world.client, "pipeline", fail=3, skip=1)
     world.deps.store.redis = flaky
     assert world.turn(run_id, "hello there") == "completed"
     assert flaky.fail == 0

@@ -35,6 +35,10 @@ class SyncPipeline(Protocol):
         mapping: Mapping[str, Value] | None = None,
     ) -> SyncPipeline: ...
 
+    def hdel(self, name: str, *keys: str) -> SyncPipeline: ...
+
+    def hgetall(self, name: str) -> SyncPipeline: ...
+
     def sadd(self, name: str, *values: str) -> SyncPipeline: ...
 
     def srem(self, name: str, *values: str) -> SyncPipeline: ...
@@ -187,6 +191,12 @@ class Keys:
         """The run's event stream; entry ids are ``{turn}-{seq}``."""
         return f"{self.prefix}:run:{run_id}:events"
 
+    def run_long(self, run_id: str) -> str:
+        """The record's fields that run long (``LONG_FIELDS`` of worker/store/records.py:
+        the options, warnings, budget), a hash of their own: so that the record stays
+        Redis's compact listpack, which holds values of up to 64 bytes by default."""
+        return f"{self.prefix}:run:{run_id}:long"
+
     def transcript(self, run_id: str) -> str:
         """A list of the run's turns (input and final answer), replayed when resume fails."""
         return f"{self.prefix}:run:{run_id}:transcript"
@@ -270,6 +280,7 @@ class Keys:
         """Keys that share the run's retention."""
         return (
             self.run(run_id),
+            self.run_long(run_id),
             self.events(run_id),
             self.transcript(run_id),
             self.rewinds(run_id),

@@ -165,7 +165,14 @@ def _newest(
 
 
 def _records(redis: Any, keys: Keys, run_ids: Sequence[str]) -> list[dict[str, str]]:
+    """Each run's record strings with its long fields (``records.merge``: the record's own
+    win)."""
     pipe = redis.pipeline(transaction=False)
     for run_id in run_ids:
         pipe.hgetall(keys.run(run_id))
-    return list(pipe.execute())
+        pipe.hgetall(keys.run_long(run_id))
+    replies = pipe.execute()
+    return [
+        {**long, **record} if record else {}
+        for record, long in zip(replies[::2], replies[1::2], strict=True)
+    ]

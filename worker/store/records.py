@@ -1,4 +1,5 @@
-"""Run records: the hash ``harness:run:{run_id}`` (CONTRACT.md, "Run record").
+"""Run records: the hash ``harness:run:{run_id}`` (CONTRACT.md, "Run record"), and beside it
+``harness:run:{run_id}:long`` for the fields of :data:`LONG_FIELDS`.
 
 :class:`RunRecord` is the record, typed; its codec is the only code that turns its fields into
 Redis strings and back, by each field's declared type. :class:`RecordChanges` names what a
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.options.spec import RunOptions
 from worker.store import listing, lua, queued
-from worker.store.keys import Keys, RedisClient
+from worker.store.keys import Keys, RedisClient, SyncPipeline
 from worker.store.status import FINISH_MOVES, RunStatus
 
 CONTRACT_FIELDS = (
@@ -43,6 +44,14 @@ CONTRACT_FIELDS = (
     "updated_at",
     "last_error",
 )
+
+LONG_FIELDS = frozenset({"options", "warnings", "budget", "slot_wait", "egress_allow"})
+"""Fields kept in the run's ``Keys.run_long`` hash, not in its record: JSON that runs past 64
+bytes (the options ~500). Redis holds a hash whose every value is at most
+``hash-max-listpack-value`` (64 by default) as a listpack, and turns it into a hash table for
+good at the first longer value: twice the memory of an idle run's record (row 10 of
+docs/performance.md). None is a field of the contract, none is read or written by a Lua
+script: :class:`RunStore` alone writes and reads them, with the record."""
 
 
 class RunRecord(BaseModel):
@@ -162,6 +171,38 @@ def encode(fields: Mapping[str, Any]) -> dict[str, str]:
     return {name: _CODECS[name][0](value) for name, value in fields.items()}
 
 
+def _write(pipe: SyncPipeline, keys: Keys, run_id: str, encoded: Mapping[str, str]) -> None:
+    """Queue the writes of these encoded fields: each of :data:`LONG_FIELDS` into the long
+    hash (deleted from it when unknown), every other one into the record."""
+    record = {name: text for name, text in encoded.items() if name not in LONG_FIELDS}
+    long = {name: text for name, text in encoded.items() if name in LONG_FIELDS}
+    if record:
+        pipe.hset(keys.run(run_id), mapping=record)
+    if not long:
+        return
+    known = {name: text for name, text in long.items() if text != ""}
+    unknown = [name for name, text in long.items() if text == ""]
+    if known:
+        pipe.hset(keys.run_long(run_id), mapping=known)
+    if unknown:
+        pipe.hdel(keys.run_long(run_id), *unknown)
+
+
+def _no_long_fields(changes: Mapping[str, Any]) -> dict[str, str]:
+    """The changes a script writes into the record, encoded; a script never writes the long
+    hash, so a change of one of :data:`LONG_FIELDS` is refused here."""
+    long = sorted(LONG_FIELDS.intersection(changes))
+    if long:
+        raise ValueError(f"{', '.join(long)}: written by RunStore.update, not by a script")
+    return encode(changes)
+
+
+def merge(record: Mapping[str, str], long: Mapping[str, str]) -> dict[str, str]:
+    """A record's strings with its long fields (as worker/store/listing.py reads them too):
+    those the record itself holds win (a record written before it had the long hash)."""
+    return {**long, **record} if record else {}
+
+
 def _encode_text(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -257,7 +298,7 @@ class RunStore:
             webhook_url=webhook_url,
         )
         pipe = self.redis.pipeline()
-        pipe.hset(self.keys.run(run_id), mapping=record.encode())
+        _write(pipe, self.keys, run_id, record.encode())
         pipe.sadd(self.keys.runs_index(), run_id)
         listing.index_run(
             pipe,
@@ -292,16 +333,23 @@ class RunStore:
         )
 
     def raw(self, run_id: str) -> dict[str, str]:
-        """The record's strings, as Redis holds them."""
-        data = self.redis.hgetall(self.keys.run(run_id))
+        """The record's strings, as Redis holds them (its long fields included)."""
+        data = self._read(run_id)
         if not data:
             raise RunNotFound(run_id)
         return data
 
+    def _read(self, run_id: str) -> dict[str, str]:
+        pipe = self.redis.pipeline()  # MULTI: the record and its long hash of one moment
+        pipe.hgetall(self.keys.run(run_id))
+        pipe.hgetall(self.keys.run_long(run_id))
+        record, long = pipe.execute()
+        return merge(record, long)
+
     def find(self, run_id: str) -> RunRecord | None:
         """The record, or None when there is none. A hash without a status is none either:
         what a write raced with the record's deletion left of it."""
-        data = self.redis.hgetall(self.keys.run(run_id))
+        data = self._read(run_id)
         if "status" not in data:
             return None
         return RunRecord.decode({"run_id": run_id, **data})
@@ -341,7 +389,12 @@ class RunStore:
         if "status" in changes:
             raise ValueError("a run's status moves only by its transitions (worker.store.status)")
         encoded = encode({**changes, "updated_at": time.time()})
-        self.redis.hset(self.keys.run(run_id), mapping=encoded)
+        pipe = self.redis.pipeline()
+        _write(pipe, self.keys, run_id, encoded)
+        moved = LONG_FIELDS.intersection(encoded)
+        if moved:  # from a record written before it had the long hash
+            pipe.hdel(self.keys.run(run_id), *moved)
+        pipe.execute()
 
     def unbegin_turn(self, run_id: str, turn: int) -> bool:
         """Give back the number of a turn the broker never took (``unbegin_turn.lua``)."""
@@ -356,7 +409,8 @@ class RunStore:
     def end_run(self, run_id: str, **changes: Unpack[RecordChanges]) -> str:
         """Move the run to ``ended`` (with ``changes``). Returns the status it left, or ''
         when it had already ended or is gone."""
-        return self._scripts.end_run(self.keys.run(run_id), time.time(), encode(changes))
+        fields = _no_long_fields(changes)
+        return self._scripts.end_run(self.keys.run(run_id), time.time(), fields)
 
     def end_turn(
         self,
@@ -376,6 +430,7 @@ class RunStore:
         (True, the terminal's entry id), or (False, why not: ``ended``, ``owned``,
         ``not-owner``)."""
         input_tokens, output_tokens, cached, cost = usage
+        fields = _no_long_fields(changes)
         return self._scripts.end_turn(
             (
                 self.keys.run(run_id),
@@ -393,7 +448,7 @@ class RunStore:
             terminal=terminal,
             tokens=(input_tokens, output_tokens, cached),
             cost=cost,
-            fields=encode(changes),
+            fields=fields,
         )
 
     def queued_since(self, run_id: str, turn: int) -> float | None:

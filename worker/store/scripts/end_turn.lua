@@ -17,6 +17,24 @@
 -- Returns {1, terminal id}, or {0, why}: 'ended' (it has its terminal), 'owned' (a live
 -- worker holds it), 'not-owner' (the caller's claim is not the turn's), 'claimed' (an
 -- 'unclaimed' caller found a worker's claim), 'queued' (a 'lost' caller found no claim).
+-- A stream of one node (a short run's few events) is written back at its size once its turn
+-- ended: Redis allocates a stream's newest node at 4 KiB (stream-node-max-bytes, at most) and
+-- gives the slack back only when a next node begins, which an idle run never reaches (row 10
+-- of docs/performance.md). DUMP and RESTORE keep every entry, id, group and the TTL; a reader
+-- blocked on the stream still gets what it waits for. Best effort: a Redis user without RESTORE
+-- (an @dangerous command) keeps the node as it is.
+local function compact(stream)
+  local info = redis.call('XINFO', 'STREAM', stream)
+  for i = 1, #info, 2 do
+    if info[i] == 'radix-tree-keys' then
+      if info[i + 1] ~= 1 then return end
+      local ttl = redis.call('PTTL', stream)
+      redis.pcall('RESTORE', stream, ttl > 0 and ttl or 0, redis.call('DUMP', stream), 'REPLACE')
+      return
+    end
+  end
+end
+
 local turn = ARGV[1]
 local last = redis.call('XREVRANGE', KEYS[2], turn .. '-18446744073709551615', turn .. '-0',
   'COUNT', 1)
@@ -48,6 +66,7 @@ end
 local id = turn .. '-' .. next_seq
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], id,
   'type', ARGV[9], 'data', ARGV[10], 'ts', ARGV[7])
+compact(KEYS[2])
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if #ARGV > 14 then redis.call('HSET', KEYS[1], unpack(ARGV, 15)) end
   redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[11])
