@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import fakeredis
 import pytest
 
@@ -111,6 +113,33 @@ def test_index_keys_expire_with_the_retention(store: RunStore, client: fakeredis
     _create(store, 1, team="x")
     for key in (KEYS.run_list(""), KEYS.run_list("", "label:team=x")):
         assert 0 < client.ttl(key) <= 60
+
+
+def test_a_living_run_outlives_its_indexes_ttl_when_nothing_new_is_written(
+    store: RunStore, client: fakeredis.FakeRedis
+) -> None:
+    """The tenant starts nothing for longer than the retention: the run's turns ending (each
+    terminal gives the run's keys their retention, ``RunStore.expire``) keep it listed."""
+    run_id = _create(store, 1, tenant="acme", team="x")
+    indexes = [
+        KEYS.run_list("acme"),
+        KEYS.run_list("acme", "harness:stdio-json"),
+        KEYS.run_list("acme", "label:team=x"),
+    ]
+    for key in indexes:
+        client.expire(key, 1)  # the retention since the run was created has nearly passed
+    store.expire(run_id, 60)  # a turn of the run ends: its keys live 60 s more
+    for key in indexes:
+        assert 59 <= client.ttl(key) <= 60, key
+    time.sleep(1.2)  # past the index's old expiry
+    assert _ids(store.list_runs(tenant="acme")[0]) == [run_id]
+    assert _ids(store.list_runs(tenant="acme", where=RunFilter(labels={"team": "x"}))[0]) == [
+        run_id
+    ]
+    # A longer life (a newer run's) is never shortened by an older run's end.
+    client.expire(indexes[0], 1000)
+    store.expire(run_id, 60)
+    assert client.ttl(indexes[0]) > 900
 
 
 def test_listing_never_scans_the_keyspace(store: RunStore, client: fakeredis.FakeRedis) -> None:

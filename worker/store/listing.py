@@ -6,7 +6,10 @@ scored by creation time (``Keys.run_list``), and one more per harness and per la
 selective of them newest first and reads the records it meets in batches; a filter the
 index does not hold (the status, a second label) is checked on the record. A member whose
 record has expired is skipped and removed when met, so the index shrinks as runs expire;
-each index key expires too, ``retention_s`` after the newest run written to it.
+each index key expires too, ``retention_s`` after the newest run written to it, and never
+before a run in it: where a run's keys are given their retention (each turn's terminal, the
+run's end: ``RunStore.expire``) its indexes are given at least as long (:func:`keep_indexed`),
+so a tenant that starts nothing for longer than the retention keeps its living runs listed.
 """
 
 from __future__ import annotations
@@ -75,6 +78,21 @@ def index_run(
     for key in index_keys(keys, tenant, harness, labels):
         pipe.zadd(key, {run_id: created_at})
         pipe.expire(key, retention_s)
+
+
+def keep_indexed(
+    pipe: Any,
+    keys: Keys,
+    *,
+    tenant: str | None,
+    harness: str,
+    labels: Mapping[str, str],
+    seconds: int,
+) -> None:
+    """Queue on ``pipe`` the writes that keep a run's indexes at least ``seconds`` more (a
+    longer life, from a newer run, is kept: ``EXPIRE GT``)."""
+    for key in index_keys(keys, tenant, harness, labels):
+        pipe.expire(key, seconds, gt=True)
 
 
 def unindex_run(

@@ -458,9 +458,20 @@ class RunStore:
         return None if entry is None else entry.first_sent_at
 
     def expire(self, run_id: str, seconds: int) -> None:
+        """Give the run's keys ``seconds`` to live, and its listing indexes at least as long."""
+        found = self.find(run_id)
         pipe = self.redis.pipeline()
         for key in self.keys.run_keys(run_id):
             pipe.expire(key, seconds)
+        if found is not None:
+            listing.keep_indexed(
+                pipe,
+                self.keys,
+                tenant=found.tenant,
+                harness=found.harness,
+                labels=found.labels,
+                seconds=seconds,
+            )
         pipe.execute()
 
     def append_transcript(self, run_id: str, turn: int, text_in: str, text_out: str) -> None:
