@@ -30,7 +30,7 @@ from worker.app_names import (
     TASK_RUN_TURN,
     TASK_WORKSPACE,
 )
-from worker.errors import RunNotFound
+from worker.errors import InvalidSettings, RunNotFound
 from worker.fleet import host_queues, hosts, lifecycle
 from worker.observe import logs, metrics, tracing
 from worker.options.spec import TurnPayload
@@ -119,8 +119,15 @@ def _setup_logging(loglevel: int | str | None = None, **_: object) -> None:
 @celeryd_after_setup.connect
 def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
     """Consume the queues of the places this worker's sandboxes live (the Docker daemon by
-    its ID, this machine for the local sandbox): a run's later turns are routed there."""
-    deps = runtime.deps()
+    its ID, this machine for the local sandbox): a run's later turns are routed there.
+
+    A worker whose settings are not valid (``HARNESS_REDIS_URL=notaurl``) does not start: it
+    would announce itself ready and fail every turn."""
+    try:
+        deps = runtime.deps()
+    except InvalidSettings as exc:
+        log.critical("worker.invalid_settings", extra={"error": str(exc)})
+        raise SystemExit(f"harness worker: {exc}") from None
     deadline = time.monotonic() + DOCKER_START_WAIT_S
     while True:
         try:
