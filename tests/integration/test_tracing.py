@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -66,7 +67,8 @@ def test_one_trace_goes_from_the_harness_command_through_celery_to_the_exec(
         client = env.client()
         terminal = client.wait(run_id, 1, timeout=60)
         assert terminal.type == "turn-complete", terminal.data
-        spans = receiver.wait_for(lambda got: {"exec", "snapshot"} <= set(by_name(got)))
+        wanted = {"harness run", "invoke_agent stdio-json", "exec", "snapshot"}
+        spans = receiver.wait_for(lambda got: wanted <= set(by_name(got)))
     finally:
         worker.stop()
     named = by_name(spans)
@@ -116,3 +118,67 @@ def test_nothing_is_exported_and_nothing_carried_when_tracing_is_off(
     assert "trace_id" not in events[0].data
     assert [e.data["text"] for e in events if e.type == "assistant-text"] == ["TRACEPARENT=<unset>"]
     assert receiver.requests == 0 and receiver.spans == []
+
+
+PRODUCER = """\
+import sys
+from worker.client import HarnessClient
+
+client = HarnessClient()
+run_id = client.start_run(
+    "stdio-json", sys.argv[1], executable=sys.argv[2], tools=("orders",)
+)
+print(run_id)
+"""
+
+
+def lookup(order_id: int) -> dict[str, object]:
+    """Look up an order."""
+    return {"id": order_id, "status": "shipped"}
+
+
+def test_the_trace_goes_on_from_a_python_producer_to_the_agents_tool_call(
+    env: Env, receiver: OtlpReceiver
+) -> None:
+    from worker.tools import calls
+    from worker.tools.schema import tool_set
+
+    stop = threading.Event()
+    server = calls.ToolServer(env.redis(), env.keys, "orders", tool_set(lookup))
+    serving = threading.Thread(target=server.serve, args=(stop,), kwargs={"block_s": 0.2})
+    serving.start()
+    worker = start_worker(env, extra_env=otel_env(receiver))
+    try:
+        variables = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        script = '@tool orders lookup {"order_id": 7}'
+        done = subprocess.run(
+            [sys.executable, "-c", PRODUCER, script, DEMO],
+            cwd=ROOT,
+            env={**variables, **env.vars, **otel_env(receiver)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        run_id = done.stdout.split()[0]
+        terminal = env.client().wait(run_id, 1, timeout=60)
+        assert terminal.type == "turn-complete", terminal.data
+        wanted = {"execute_tool lookup", "invoke_agent stdio-json", "HarnessClient.start_run"}
+        spans = receiver.wait_for(lambda got: wanted <= set(by_name(got)))
+    finally:
+        worker.stop()
+        stop.set()
+        serving.join(5)
+    named = by_name(spans)
+    start, tool = named["HarnessClient.start_run"], named["execute_tool lookup"]
+    turn, exec_ = named["invoke_agent stdio-json"], named["exec"]
+    assert start.parent_id == "" and start.service == "harness-client"
+    assert {span.trace_id for span in spans} == {start.trace_id}
+    assert child_of(tool, turn)
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert tool.attributes["gen_ai.tool.name"] == "lookup"
+    assert tool.attributes["harness.tool.server"] == "orders"
+    assert tool.attributes["harness.tool.ok"] is True
+    call = next(e for e in env.client().events(run_id) if e.type == "tool-call")
+    assert tool.attributes["gen_ai.tool.call.id"] == call.data["call_id"]
+    assert exec_.start_ns <= tool.start_ns <= tool.end_ns <= exec_.end_ns

@@ -63,6 +63,115 @@ EGRESS_DENIED = Counter(
 )
 
 
+# -- how turns wait and stop (docs/observability.md, "Metrics") -----------------------------
+
+WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
+QUEUE_WAIT = Histogram(
+    "harness_turn_queue_wait_seconds",
+    "From a turn's first send (or the reset a parked turn waited for) to a worker taking it.",
+    ["harness"],
+    buckets=WAIT_BUCKETS,
+)
+PARKS = Counter(
+    "harness_parks",
+    "Turns that met a rate limit or quota and parked their run, by the limit's reason.",
+    ["harness", "reason"],
+)
+BUDGET_STOPS = Counter(
+    "harness_budget_stops",
+    "Turns a run's budget refused or stopped, by limit and when (before, during, after).",
+    ["harness", "budget", "when"],
+)
+SLOT_WAITS = Counter(
+    "harness_slot_waits", "Turns that began to wait for a concurrency slot of a key."
+)
+SLOT_WAIT = Histogram(
+    "harness_slot_wait_seconds",
+    "How long a turn waited for its keys' slots before it took them.",
+    buckets=WAIT_BUCKETS,
+)
+PERMISSION_WAITS = Counter(
+    "harness_permission_waits",
+    "Permission requests that waited for an answer, by decision and who decided (person, "
+    "or the worker's reason: worker:deadline, worker:cancelled, ...).",
+    ["decision", "by"],
+)
+PERMISSION_WAIT = Histogram(
+    "harness_permission_wait_seconds",
+    "From a permission request to its decision.",
+    ["decision"],
+    buckets=WAIT_BUCKETS,
+)
+TOOL_CALLS = Counter(
+    "harness_tool_calls",
+    "Tool calls of the runs' MCP endpoints, by server and outcome (ok, error).",
+    ["server", "outcome"],
+)
+TOOL_CALL_DURATION = Histogram(
+    "harness_tool_call_seconds",
+    "From a tool call to its answer.",
+    ["server"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300),
+)
+WEBHOOK_DELIVERIES = Counter(
+    "harness_webhook_deliveries",
+    "Webhook delivery attempts of the HTTP API, by outcome (delivered, failed, refused).",
+    ["outcome"],
+)
+EVENT_STREAMS = Gauge(
+    "harness_event_streams_open", "Server-Sent Event streams the HTTP API holds open now."
+)
+
+
+def queue_waited(harness: str, seconds: float) -> None:
+    QUEUE_WAIT.labels(harness).observe(max(0.0, seconds))
+
+
+def parked(harness: str, reason: str) -> None:
+    PARKS.labels(harness, reason).inc()
+
+
+def budget_stopped(harness: str, budget: str, when: str) -> None:
+    """``when``: ``before`` (the turn was refused), ``during`` (the harness was stopped),
+    ``after`` (the turn spent what was left: the next is refused)."""
+    BUDGET_STOPS.labels(harness, budget, when).inc()
+
+
+def slot_wait_began() -> None:
+    SLOT_WAITS.inc()
+
+
+def slot_taken_after(seconds: float) -> None:
+    SLOT_WAIT.observe(max(0.0, seconds))
+
+
+def permission_decided(decision: str, by: str, seconds: float) -> None:
+    """A waiting permission request answered. ``by`` is cut to a closed set: the worker's
+    and the rules' reasons as they are, any person as ``person``."""
+    kind = ":".join(by.split(":", 2)[:2]) if by.startswith(("worker:", "rule:")) else "person"
+    PERMISSION_WAITS.labels(decision, kind).inc()
+    PERMISSION_WAIT.labels(decision).observe(max(0.0, seconds))
+
+
+def tool_called(server: str, ok: bool, seconds: float) -> None:
+    TOOL_CALLS.labels(server, "ok" if ok else "error").inc()
+    TOOL_CALL_DURATION.labels(server).observe(max(0.0, seconds))
+
+
+def webhook_delivered(outcome: str) -> None:
+    """For the HTTP API's webhook sender: ``delivered`` (a 2xx), ``failed`` (to be retried),
+    ``refused`` (a URL policy refuses)."""
+    WEBHOOK_DELIVERIES.labels(outcome).inc()
+
+
+def event_stream_opened() -> None:
+    EVENT_STREAMS.inc()
+
+
+def event_stream_closed() -> None:
+    EVENT_STREAMS.dec()
+
+
 def egress_denied(harness: str, rules: Iterable[str]) -> None:
     for rule, count in collections.Counter(rules).items():
         EGRESS_DENIED.labels(harness, rule).inc(count)

@@ -208,20 +208,33 @@ def span(
     *,
     kind: str = "INTERNAL",
     start_time: float | None = None,
+    parent: object | None = None,
 ) -> AbstractContextManager[SpanLike]:
     """A span of the current trace for the block it wraps (its child spans nest in it); an
     exception leaving the block is recorded on it. ``kind`` names a ``SpanKind``;
-    ``start_time`` (unix seconds) starts it in the past. Off: the shared no-op."""
+    ``start_time`` (unix seconds) starts it in the past; ``parent`` is a context
+    :func:`capture` took on another thread. Off: the shared no-op."""
     if not _state.on:
         return NO_SPAN
     from opentelemetry.trace import SpanKind
 
     return _tracer().start_as_current_span(
         name,
+        context=parent,  # type: ignore[arg-type]
         attributes=attributes,
         kind=SpanKind[kind],
         start_time=None if start_time is None else int(start_time * 1e9),
     )
+
+
+def capture() -> object | None:
+    """The current trace context, for spans made later on another thread (a turn's tool
+    calls, answered on the MCP endpoint's loop); None when not tracing."""
+    if not _state.on:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
 
 
 def past_span(name: str, start: float, end: float, attributes: Attributes | None = None) -> None:
@@ -345,8 +358,11 @@ def record_turn(
         current_span.set_status(Status(StatusCode.ERROR, outcome))
 
 
-def tool_span(server: str, tool: str, call_id: str) -> AbstractContextManager[SpanLike]:
-    """A tool call's span, ``execute_tool {tool}``, for the code that handles it."""
+def tool_span(
+    server: str, tool: str, call_id: str, parent: object | None = None
+) -> AbstractContextManager[SpanLike]:
+    """A tool call's span, ``execute_tool {tool}``, for the code that handles it (``parent``:
+    the turn's context, :func:`capture`, when the call is handled on another thread)."""
     if not _state.on:
         return NO_SPAN
     return span(
@@ -358,4 +374,5 @@ def tool_span(server: str, tool: str, call_id: str) -> AbstractContextManager[Sp
             "gen_ai.tool.type": "extension",
             "harness.tool.server": server,
         },
+        parent=parent,
     )

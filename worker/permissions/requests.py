@@ -43,6 +43,7 @@ from adapters.events import (
 from adapters.protocol import Adapter, AdapterState
 from sandbox.base import Process
 from worker.errors import AnswerRefused, InvalidInput, RequestNotFound
+from worker.observe import metrics, tracing
 from worker.observe.masking import Masker
 from worker.options.spec import RunOptions
 from worker.permissions import rules as permission_rules
@@ -426,6 +427,14 @@ class Gate:
                 "decision": "allow" if allow else "deny",
                 "by": by,
             },
+        )
+        asked_at, now = waiting.deadline - self.timeout_s, self.clock()
+        metrics.permission_decided("allow" if allow else "deny", by, now - asked_at)
+        tracing.past_span(
+            "permission wait",
+            asked_at,
+            now,
+            {"harness.permission.tool": waiting.ask.tool, "harness.permission.by": by},
         )
         return [
             PermissionDecision(

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.deps import TurnDeps
+from worker.observe import metrics
 from worker.options.spec import RunOptions, TurnPayload
 from worker.store import lua, queued
 from worker.store.status import EXECUTING
@@ -202,6 +203,8 @@ def _wait(
         return
     previous = record.slot_wait or {}
     since = previous.get("since") if previous.get("turn") == turn else None
+    if since is None:
+        metrics.slot_wait_began()
     wait = {
         "turn": turn,
         "grant": grant,
@@ -230,6 +233,7 @@ def _wait(
 def _clear_wait(deps: TurnDeps, run_id: str) -> None:
     record = deps.store.find(run_id)
     if record is not None and record.slot_wait is not None:
+        metrics.slot_taken_after(time.time() - float(record.slot_wait.get("since") or time.time()))
         deps.store.update(run_id, slot_wait=None)
 
 

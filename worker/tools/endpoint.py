@@ -43,6 +43,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from adapters.events import TOOL_TEXT_LIMIT, Event, ToolCall, ToolResult
+from worker.observe import metrics, tracing
 from worker.observe.masking import Masker
 from worker.permissions.requests import shown_input
 from worker.tools.backend import Backend, BackendError, Reply
@@ -121,6 +122,7 @@ class RunEndpoint:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._trace = tracing.capture()  # made in the turn's span: its calls' parent
 
     @property
     def busy(self) -> bool:
@@ -261,7 +263,10 @@ class RunEndpoint:
         if not room:
             reply = Reply(False, f"too many tool calls at once (at most {tools.limits.in_flight})")
         else:
-            reply = await self._answer(token, name, backend, call_id, tool, arguments)
+            with tracing.tool_span(name, tool, call_id, parent=self._trace) as span:
+                reply = await self._answer(token, name, backend, call_id, tool, arguments)
+                span.set_attribute("harness.tool.ok", reply.ok)
+            metrics.tool_called(name, reply.ok, time.monotonic() - started)
             with self._lock:
                 if self._in_flight.pop(call_id, None) is None:
                     return reply  # the turn ended meanwhile: close() published the result

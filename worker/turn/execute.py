@@ -111,6 +111,7 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
         entry = life.patience.call(lambda: queued.take(deps.redis, deps.keys, run_id, turn))
         if entry is not None:
             tracing.past_span("queue wait", entry.first_sent_at, time.time())
+            metrics.queue_waited(options.harness, time.time() - entry.first_sent_at)
         outcome = _run(deps, payload, options, life)
     except Exception as exc:
         log.exception("turn.internal_error", extra={"run_id": run_id, "turn": turn})
@@ -226,6 +227,7 @@ class _TurnRun:
         record = self.wait(lambda: deps.store.record(run_id))
         over = budgets.refusal(record, settings)
         if over is not None:
+            metrics.budget_stopped(self.options.harness, over.budget, "before")
             self.wait(lambda: deps.store.update(run_id, budget_exceeded=over.exceeded))
             return self.refuse(over.error("before the turn"))
         self.guard = budgets.Guard(record, settings)
@@ -481,6 +483,7 @@ class _TurnRun:
             parked = parking.park(deps, self.payload, self.options, record, terminal, refused_next)
             if parked is not None:
                 park_span.set_attributes({"harness.resume_at": parked.resume_at})
+                metrics.parked(self.options.harness, parked.reason)
         if parked is not None:
             out.send([parked.event])  # before the terminal: the turn's retry is scheduled
         spend = self.guard.changes()
@@ -490,6 +493,7 @@ class _TurnRun:
             # still what the next turn resumes.
             spend["session_id"] = out.publisher.masker.mask(driver.state.session_id)
         _record_turn(terminal, out, driver)
+        _count_budget(self.options.harness, self.guard, out)
         label = _close(
             self.payload,
             out,
@@ -523,6 +527,16 @@ def _record_turn(terminal: Event, out: attempt.Publishing, driver: StreamDriver)
         session_id=mask(session) if session else None,
         model=mask(model) if model else None,
     )
+
+
+def _count_budget(harness: str, guard: budgets.Guard, out: attempt.Publishing) -> None:
+    """A budget that stopped the harness, or that this turn spent for the next."""
+    if guard.over is not None:
+        metrics.budget_stopped(harness, guard.over.budget, "during")
+        return
+    over = guard.next_turn_refusal(out.usage)
+    if over is not None:
+        metrics.budget_stopped(harness, over.budget, "after")
 
 
 def _egress_labels(network: str, options: RunOptions) -> dict[str, str]:
