@@ -6,6 +6,8 @@ The one-shot mode. ``--posture ask`` adds a stdin control channel to the same in
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +40,8 @@ CAPABILITIES = Capabilities(
     model_reporting=True,
     mcp_client=True,
     permission_ask=True,
+    attachments="images",
+    structured_output="native",
 )
 
 # Messages we map: system (init, api_retry, permission_denied), assistant (text / tool_use
@@ -66,9 +70,41 @@ def new_state(request: TurnRequest) -> State:
 def build_command(request: TurnRequest) -> Command:
     """The prompt goes on stdin: ``claude -p`` with no prompt argument reads it to EOF, so a
     1 MiB input or one starting with ``-`` needs no argv. The system prompt travels as a file
-    (``--append-system-prompt-file``: appended to Claude Code's own prompt, no argv limit)."""
-    stdin = request.input.encode("utf-8")
-    return command(request, _posture(request), stdin)
+    (``--append-system-prompt-file``: appended to Claude Code's own prompt, no argv limit).
+    A turn with images sends its input as one stream-json ``user`` message instead, the
+    images as base64 ``image`` blocks beside the text (``--input-format stream-json``)."""
+    if any(a.image for a in request.attachments):
+        return command(request, [*_posture(request), *STREAM_INPUT], user_message(request))
+    return command(request, _posture(request), request.input.encode("utf-8"))
+
+
+STREAM_INPUT = ("--input-format", "stream-json")
+
+
+def user_message(request: TurnRequest) -> bytes:
+    """The turn input as a stream-json ``user`` message line, with its images."""
+    images = [
+        {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": a.media_type,
+                "data": base64.b64encode(a.data).decode("ascii"),
+            },
+        }
+        for a in request.attachments
+        if a.image and a.data
+    ]
+    content: str | list[dict[str, Any]] = request.input
+    if images:
+        content = [*images, {"type": "text", "text": request.input}]
+    line = {
+        "type": "user",
+        "message": {"role": "user", "content": content},
+        "parent_tool_use_id": None,
+        "session_id": "",
+    }
+    return json.dumps(line).encode("utf-8") + b"\n"
 
 
 def _posture(request: TurnRequest) -> list[str]:
@@ -102,6 +138,10 @@ def command(
         path = f"{request.home.rstrip('/')}/{mcp_config.COMMON_FILE}"
         files[path] = mcp_config.common_json(request.mcp_servers, lambda name: f"${{{name}}}")
         argv += ["--mcp-config", path, "--strict-mcp-config"]
+    if request.output_schema is not None:
+        # 2.1.328 offers the model a StructuredOutput tool with this schema as its input and
+        # reports the call's input as the result's structured_output.
+        argv += ["--json-schema", json.dumps(request.output_schema, separators=(",", ":"))]
     if request.posture == "dangerous":
         # 2.1.328 refuses the skip flag as root unless told it is sandboxed; the dangerous
         # posture is the producer saying exactly that.
@@ -262,10 +302,14 @@ def _result(message: dict[str, Any], state: State) -> list[Event]:
             out += _denial(tool_id, name or "tool", None, state)
     if not failed:
         totals = usage.model_dump(include={"input_tokens", "output_tokens", "cost_usd"})
-        return [
-            *out,
-            TurnComplete(text=text, session_id=state.session_id, model=state.model, **totals),
-        ]
+        done = TurnComplete(
+            text=text,
+            session_id=state.session_id,
+            model=state.model,
+            structured=message.get("structured_output"),  # with --json-schema
+            **totals,
+        )
+        return [*out, done]
     detail = "; ".join(errors) or text or state.api_error or "Claude Code reported an error"
     status = message.get("api_error_status")
     found = classify(

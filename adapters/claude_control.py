@@ -48,14 +48,8 @@ def build_command(request: TurnRequest) -> Command:
 
 
 def _first_message(request: TurnRequest) -> bytes:
-    """The turn input as a stream-json ``user`` message line."""
-    line = {
-        "type": "user",
-        "message": {"role": "user", "content": request.input},
-        "parent_tool_use_id": None,
-        "session_id": "",
-    }
-    return json.dumps(line).encode("utf-8") + b"\n"
+    """The turn input as a stream-json ``user`` message line (its images beside it)."""
+    return claude_code.user_message(request)
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:

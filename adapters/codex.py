@@ -38,6 +38,8 @@ CAPABILITIES = Capabilities(
     model_reporting=False,
     mcp_client=True,
     permission_ask=True,
+    attachments="images",
+    structured_output="native",
 )
 
 # Messages we map: thread.started (thread_id), item.started / item.completed (items
@@ -132,11 +134,18 @@ def build_command(request: TurnRequest) -> Command:
     argv += ["--json", "--skip-git-repo-check"]
     if request.model:
         argv += ["--model", request.model]
+    files = config_file(request, _SANDBOX[request.posture])
+    # -i takes several values: each image as one --image=PATH element, so "-" stays the prompt.
+    argv += [f"--image={request.workspace}/{a.path}" for a in request.attachments if a.image]
+    if request.output_schema is not None:
+        path = f"{request.home.rstrip('/')}/.harness/codex-output-schema.json"
+        files = {**files, path: json.dumps(request.output_schema)}
+        argv += ["--output-schema", path]
     argv.append("-")
     return Command(
         argv=tuple(argv),
         stdin=request.input.encode("utf-8"),
-        files=config_file(request, _SANDBOX[request.posture]),
+        files=files,
         cwd=request.workspace,
     )
 

@@ -73,6 +73,9 @@ class Channel:
     model: str | None
     sandbox: str
     resume: str | None
+    images: tuple[str, ...] = ()
+    """Absolute paths of the turn's images (``localImage`` inputs)."""
+    output_schema: dict[str, Any] | None = None
     turn_id: str | None = None
     answer: str = ""
     items: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -95,6 +98,8 @@ def new_state(request: TurnRequest) -> State:
         model=request.model,
         sandbox=SANDBOX_MODE,
         resume=request.resume_session,
+        images=tuple(f"{request.workspace}/{a.path}" for a in request.attachments if a.image),
+        output_schema=dict(request.output_schema) if request.output_schema else None,
     )
     return State(
         offered_session=request.resume_session,
@@ -180,8 +185,7 @@ def _response(message: dict[str, Any], state: AdapterState, ch: Channel) -> list
             return [error_event(f"codex thread/start: {jsonrpc.error_text(message)}")]
         thread = coerce.mapping(result.get("thread"))
         state.session_id = coerce.nonempty(thread.get("id")) or ch.resume
-        turn = {"threadId": state.session_id, "input": [{"type": "text", "text": ch.input}]}
-        state.outbox.append(jsonrpc.request(_TURN, "turn/start", turn))
+        state.outbox.append(jsonrpc.request(_TURN, "turn/start", _turn_start(state.session_id, ch)))
         return []
     if request_id == _TURN:
         if failed:
@@ -189,6 +193,17 @@ def _response(message: dict[str, Any], state: AdapterState, ch: Channel) -> list
             return [*_session(state, ch), error_event(f"codex turn/start: {detail}")]
         ch.turn_id = coerce.nonempty(coerce.mapping(result.get("turn")).get("id")) or ch.turn_id
     return []
+
+
+def _turn_start(thread_id: str | None, ch: Channel) -> dict[str, Any]:
+    """``turn/start``: the text, each image as a ``localImage``, and the output schema
+    (0.169.0's ``TurnStartParams.outputSchema``, as ``codex exec --output-schema``)."""
+    inputs: list[dict[str, Any]] = [{"type": "text", "text": ch.input}]
+    inputs += [{"type": "localImage", "path": path} for path in ch.images]
+    turn: dict[str, Any] = {"threadId": thread_id, "input": inputs}
+    if ch.output_schema is not None:
+        turn["outputSchema"] = ch.output_schema
+    return turn
 
 
 def _request(message: dict[str, Any], state: AdapterState, ch: Channel) -> None:

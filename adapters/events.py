@@ -37,6 +37,7 @@ ErrorReason = Literal[
     "invalid-input",
     "internal",
     "budget",
+    "invalid-output",
 ]
 
 #: Default ``retryable`` per reason, as CONTRACT.md's table states it.
@@ -54,6 +55,7 @@ RETRYABLE_BY_DEFAULT: dict[str, bool] = {
     "invalid-input": False,
     "internal": True,
     "budget": False,
+    "invalid-output": False,
 }
 
 
@@ -280,6 +282,19 @@ class TurnComplete(_Event):
     output_tokens: int = 0
     cost_usd: float | None = None
     exit_code: int | None = None
+    structured: dict[str, Any] | list[Any] | str | int | float | bool | None = None
+    """With an output schema: the answer as the JSON value the worker validated against it
+    (an adapter whose harness returns it apart from the text sets it; the worker fills it
+    from the text otherwise). Left out of the data without a schema."""
+
+    @model_serializer(mode="wrap")
+    def _structured_only_with_a_schema(
+        self, handler: SerializerFunctionWrapHandler
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.structured is None:
+            data.pop("structured", None)
+        return data
 
     @property
     def terminal(self) -> bool:

@@ -38,6 +38,7 @@ CAPABILITIES = Capabilities(
     model_reporting=True,
     mcp_client=True,
     permission_ask=True,
+    attachments="images",
 )
 
 # Messages we map: init (session_id; its model is the one requested), message (assistant
@@ -148,7 +149,7 @@ def build_command(request: TurnRequest) -> Command:
     rides in argv. Model and session are flags."""
     mode = ("--output-format", "stream-json")
     argv, env, files = invocation(request, mode, _APPROVAL[request.posture], resume=True)
-    argv += ["--prompt", ""]
+    argv += ["--prompt", references(request)]
     return Command(
         argv=tuple(argv),
         stdin=request.input.encode("utf-8"),
@@ -156,6 +157,12 @@ def build_command(request: TurnRequest) -> Command:
         files=files,
         cwd=request.workspace,
     )
+
+
+def references(request: TurnRequest) -> str:
+    """The turn's images as ``@path`` references (0.61.0 reads each with read_many_files and
+    sends an image to the model as inline data); paths are workspace-relative, no blanks."""
+    return " ".join(f"@{a.path}" for a in request.attachments if a.image)
 
 
 def _tool(message: dict[str, Any]) -> SandboxActivity:

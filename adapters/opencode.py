@@ -40,6 +40,7 @@ CAPABILITIES = Capabilities(
     model_reporting=False,  # 1.18.33 names no model in its stream
     mcp_client=True,
     permission_ask=True,
+    attachments="images",
 )
 
 #: The provider id our config gives the endpoint of ``request.base_url``.
@@ -178,13 +179,20 @@ def setup(request: TurnRequest) -> Setup:
         key = _key_env(request)
         if key:  # the variable's name only: opencode substitutes {env:NAME} when it loads
             options["apiKey"] = "{env:" + key + "}"
-        models = {request.model: {"name": request.model}}
+        models = {request.model: {"name": request.model, **_vision(request)}}
         config["provider"] = {
             PROVIDER: {"npm": "@ai-sdk/openai-compatible", "options": options, "models": models}
         }
         env["OPENCODE_DISABLE_MODELS_FETCH"] = "1"  # models.dev knows nothing of our provider
         model = f"{PROVIDER}/{request.model}"
     return Setup(model, env, config, f"{config_dir}/opencode.json", files)
+
+
+def _vision(request: TurnRequest) -> dict[str, Any]:
+    # A configured model takes text only unless it says otherwise (1.18.33).
+    if not any(a.image for a in request.attachments):
+        return {}
+    return {"attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}
 
 
 def build_command(request: TurnRequest) -> Command:
@@ -197,6 +205,9 @@ def build_command(request: TurnRequest) -> Command:
         argv += ["-m", found.model]
     if request.resume_session:
         argv += ["--session", request.resume_session]
+    # --file takes several values: one --file=PATH element each (an image becomes a file
+    # part the model is sent as an image).
+    argv += [f"--file={request.workspace}/{a.path}" for a in request.attachments if a.image]
     stdin = request.input.encode("utf-8")
     return Command(tuple(argv), stdin, found.env, found.all_files(), request.workspace)
 

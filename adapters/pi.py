@@ -41,6 +41,7 @@ CAPABILITIES = Capabilities(
     model_reporting=False,
     mcp_client=False,
     permission_ask=True,
+    attachments="images",
 )
 
 #: The provider name our models.json gives the endpoint of ``request.base_url``.
@@ -108,6 +109,12 @@ def tools_for(request: TurnRequest) -> list[str]:
     return [tool for tool in dict.fromkeys(tools) if tool not in denied]
 
 
+def _vision(request: TurnRequest) -> dict[str, Any]:
+    # 0.73.1 drops a prompt's images ("image omitted: model does not support images") for a
+    # model whose "input" does not list "image" (the default is text only).
+    return {"input": ["text", "image"]} if any(a.image for a in request.attachments) else {}
+
+
 def invocation(
     request: TurnRequest, mode: tuple[str, ...]
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -124,7 +131,7 @@ def invocation(
             "baseUrl": request.base_url,
             "api": "openai-completions",
             "apiKey": key or min(request.granted_env, default="PI_API_KEY"),
-            "models": [{"id": request.model, "name": request.model}],
+            "models": [{"id": request.model, "name": request.model, **_vision(request)}],
         }
         models = {"providers": {PROVIDER: provider}}
         files[f"{request.home}/.pi/agent/models.json"] = json.dumps(models, indent=2)
@@ -155,6 +162,8 @@ def build_command(request: TurnRequest) -> Command:
     argv size limit; in argv, a prompt starting with ``-`` or ``@`` would be taken for an
     option or a file, and 0.73.1 has no ``--``). pi trims the piped text's outer blanks."""
     argv, env, files = invocation(request, ("-p", "--mode", "json"))
+    # An image as an @FILE argument: pi attaches it to the prompt as an image.
+    argv += [f"@{request.workspace}/{a.path}" for a in request.attachments if a.image]
     return Command(tuple(argv), request.input.encode("utf-8"), env, files, request.workspace)
 
 

@@ -21,6 +21,34 @@ Posture = Literal["strict", "auto", "dangerous", "ask"]
 """``ask``: what the allow/deny rules do not settle is asked of a person or a service, live
 (adapters with capability ``permission_ask``; see :mod:`adapters.asks`)."""
 PermissionPolicy = Literal["full", "posture-only", "none"]
+AttachmentChannel = Literal["images", "files", "none"]
+"""How a harness takes a turn's attachments: ``images`` through its own image input (the model
+sees the pixels; other files are named in the input), ``files`` as files in the workspace named
+in the input (read with its own tools), ``none`` not at all."""
+StructuredChannel = Literal["native", "prompt"]
+"""How a harness is given a turn's output schema: ``native`` by its own schema option,
+``prompt`` through its system-prompt channel. The worker validates the answer in both."""
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One file a producer attached to a turn, already in the run's workspace.
+
+    ``path`` is relative to the workspace (``.attachments/turn-N/NAME``); ``media_type`` is
+    what the worker found in its bytes (``image/png``, ``image/jpeg``, ``image/gif``,
+    ``image/webp``) or ``application/octet-stream``. ``data`` holds an image's bytes for a
+    harness whose image channel carries them inline (Claude Code's stream-json image blocks);
+    empty for other files.
+    """
+
+    path: str
+    media_type: str
+    size: int
+    data: bytes = b""
+
+    @property
+    def image(self) -> bool:
+        return self.media_type.startswith("image/")
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,11 @@ class TurnRequest:
     carry: Mapping[str, Any] = field(default_factory=dict)
     """What this adapter's previous turn of the run left in ``state.carry`` (JSON-able), for
     example a thread's running usage totals. Empty on a run's first turn."""
+    attachments: tuple[Attachment, ...] = ()
+    output_schema: Mapping[str, Any] | None = None
+    """The JSON Schema the turn's final answer must meet: an adapter whose capability
+    ``structured_output`` is ``native`` hands it to the harness's own schema option (the
+    worker puts it in the system prompt of the others, and validates every answer)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +142,8 @@ class Capabilities:
     mcp_client: bool
     permission_ask: bool = False
     """The harness can hand a permission decision to us live (``--posture ask``)."""
+    attachments: AttachmentChannel = "files"
+    structured_output: StructuredChannel = "prompt"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +158,8 @@ class Capabilities:
             "model_reporting": self.model_reporting,
             "mcp_client": self.mcp_client,
             "permission_ask": self.permission_ask,
+            "attachments": self.attachments,
+            "structured_output": self.structured_output,
         }
 
 

@@ -47,6 +47,7 @@ CAPABILITIES = Capabilities(
     model_reporting=True,
     mcp_client=True,
     permission_ask=True,
+    attachments="files",
 )
 
 _ACTIVITY_KINDS = {"command", "file", "tool", "other"}
@@ -69,6 +70,8 @@ def build_command(request: TurnRequest) -> Command:
     if not request.executable:
         raise ValueError("the stdio-json harness needs an executable (--executable PATH)")
     env = {"HARNESS_TURN": str(request.turn)}
+    if request.attachments:
+        env["HARNESS_ATTACHMENTS"] = attachments_env(request)
     if request.resume_session:
         env["HARNESS_RESUME_SESSION"] = request.resume_session
     # No system-prompt channel in this protocol (capability system_prompt is false): the
@@ -96,6 +99,17 @@ def build_command(request: TurnRequest) -> Command:
         files=files,
         cwd=request.workspace,
     )
+
+
+def attachments_env(request: TurnRequest) -> str:
+    """``HARNESS_ATTACHMENTS``: the turn's files as a JSON list of ``{"path", "media_type",
+    "size"}``, each path absolute (at most HARNESS_ATTACH_MAX_FILES entries, so the variable
+    stays small; the bytes are in the files)."""
+    files = [
+        {"path": f"{request.workspace}/{a.path}", "media_type": a.media_type, "size": a.size}
+        for a in request.attachments
+    ]
+    return json.dumps(files, separators=(",", ":"))
 
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:

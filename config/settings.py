@@ -131,6 +131,14 @@ class Settings(BaseSettings):
     archive_max_unpacked_bytes: int = Field(2 * 1024**3, gt=0)
     archive_max_ratio: float = Field(200.0, gt=1)
     """The largest compression ratio of an archive member (a zip bomb is refused)."""
+    attach_max_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    """The largest file a turn may attach (``--attach``), in bytes."""
+    attach_max_files: int = Field(10, gt=0)
+    """The most files one turn may attach."""
+    attach_max_total_bytes: int = Field(25 * 1024 * 1024, gt=0)
+    """The most bytes one turn's attachments may hold together."""
+    output_schema_max_bytes: int = Field(64 * 1024, gt=0)
+    """The largest ``--output-schema`` (as JSON), in bytes."""
     snapshots: bool = True
     """Snapshot every turn's workspace (the ``workspace`` event, diff, export, rewind)."""
     snapshot_ignore: CommaList = ("node_modules", "__pycache__", ".venv")
@@ -265,6 +273,41 @@ class Settings(BaseSettings):
     its sandbox's processes and connections) written for ``harness status``, again at this
     interval while the silence lasts (0: never). An idle or turn timeout says it anyway."""
 
+    # The HTTP API (harness api; docs/api.md)
+    tenants_file: str = ""
+    """The tenants and their keys (JSON, or TOML when it ends in ``.toml``); without one
+    every request but ``/v1/healthz`` is refused (401)."""
+    api_max_body_bytes: int = Field(17 * 1024 * 1024, gt=0)
+    """The largest request body (413 above): a turn input up to HARNESS_MAX_INPUT_BYTES and
+    its JSON around it (a run created with an archive may add HARNESS_ARCHIVE_MAX_BYTES)."""
+    api_rate_limit: int = Field(600, ge=0)
+    """Requests per tenant per window (0: no limit); a tenant's own ``rate_limit`` is
+    bounded by it."""
+    api_rate_window_s: int = Field(60, gt=0)
+    """The rate limit's window, in seconds."""
+    api_keepalive_s: float = Field(15.0, gt=0)
+    """A comment line on an idle event stream this often (proxies drop silent ones)."""
+    api_cors_origins: CommaList = ()
+    """Origins a browser may call the API from; none (the default) sends no CORS headers."""
+    api_read_batch: int = Field(256, gt=0, le=4096)
+    """Run streams one XREAD of the shared stream reader names at most."""
+    webhook_schemes: CommaList = ("https",)
+    """Schemes a webhook URL may use (``http``, ``https``)."""
+    webhook_hosts: CommaList = ("*",)
+    """Hosts a webhook may be delivered to: ``*`` is any host whose addresses are all
+    public; a loopback, private or metadata address only when named here."""
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    """One delivery attempt's timeout."""
+    webhook_retry_for_s: float = Field(24 * 3600.0, gt=0)
+    """A delivery no 2xx has answered is retried, with backoff, for this long."""
+    webhook_backoff_s: float = Field(1.0, gt=0)
+    """The first retry's delay, doubled at each retry up to 10 minutes."""
+    webhook_poll_s: float = Field(0.5, gt=0)
+    """How often the API looks for new events to deliver and deliveries due."""
+    webhook_lease_s: float = Field(60.0, gt=0)
+    """A delivery being sent is due again after this if its process never says how it went
+    (it died): above HARNESS_WEBHOOK_TIMEOUT_S."""
+
     @field_validator(
         "allowed_images",
         "allowed_sandboxes",
@@ -275,6 +318,9 @@ class Settings(BaseSettings):
         "repo_hosts",
         "snapshot_ignore",
         "egress_resolvers",
+        "api_cors_origins",
+        "webhook_schemes",
+        "webhook_hosts",
         mode="before",
     )
     @classmethod

@@ -37,6 +37,11 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @complete TEXT         a complete line (terminal)
   @exit CODE             exit now, without a terminal line
   @twice                 two complete lines (the second must be dropped)
+  @attachments           a text line per file in HARNESS_ATTACHMENTS: path, media type,
+                         size, and the SHA-256 of the bytes read from that path
+  @answer-attachments    a complete line whose text is the JSON object {"attachments":
+                         [{"path", "media_type", "sha256"}]} of those files (a structured
+                         answer; ``@complete {...}`` answers with any given JSON)
 
 With HARNESS_POSTURE=ask the input comes as the first stdin line, ``{"type":"input",
 "text":...}``, and stdin stays open for decision lines (stdio-json protocol).
@@ -384,6 +389,29 @@ def _exit(rest: str, args: list[str], raw: str) -> None:
     sys.exit(int(args[0]) if args else 0)
 
 
+def attachments() -> list[dict[str, object]]:
+    """The files HARNESS_ATTACHMENTS names, each with the SHA-256 of what is at its path."""
+    seen = []
+    for entry in json.loads(os.environ.get("HARNESS_ATTACHMENTS") or "[]"):
+        data = Path(entry["path"]).read_bytes()
+        seen.append({**entry, "sha256": hashlib.sha256(data).hexdigest(), "read": len(data)})
+    return seen
+
+
+def _attachments(rest: str, args: list[str], raw: str) -> None:
+    for entry in attachments():
+        text = f"attachment {entry['path']} {entry['media_type']} {entry['size']} {entry['sha256']}"
+        emit({"type": "text", "text": text})
+
+
+def _answer_attachments(rest: str, args: list[str], raw: str) -> None:
+    files = [
+        {"path": e["path"], "media_type": e["media_type"], "sha256": e["sha256"]}
+        for e in attachments()
+    ]
+    emit({"type": "complete", "text": json.dumps({"attachments": files})})
+
+
 def _twice(rest: str, args: list[str], raw: str) -> None:
     emit({"type": "complete", "text": "first"})
     emit({"type": "complete", "text": "second"})
@@ -415,6 +443,8 @@ DIRECTIVES: dict[str, Directive] = {
     "complete": _complete,
     "exit": _exit,
     "twice": _twice,
+    "attachments": _attachments,
+    "answer-attachments": _answer_attachments,
 }
 """Every directive of a script, by name (an unknown one is skipped)."""
 
@@ -436,7 +466,8 @@ def main() -> None:
     script = [line for line in data.splitlines() if line.startswith("@")]
     if script:
         run_script(script)
-        if not any(line.split()[0] in ("@complete", "@error", "@twice") for line in script):
+        terminal = ("@complete", "@error", "@twice", "@answer-attachments")
+        if not any(line.split()[0] in terminal for line in script):
             emit({"type": "complete", "text": "script done"})
         return
     answer = plain_answer(data, turns if turns > 1 else 0)

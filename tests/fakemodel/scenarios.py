@@ -12,7 +12,11 @@ means the tool scenario's call was answered and the final text is due.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +33,8 @@ SCENARIOS: tuple[str, ...] = (
     "truncated",
     "forbidden",
     "mcp",
+    "structured",
+    "structured-invalid",
 )
 
 TEXT_ANSWER = "Hello from the fake model."
@@ -65,6 +71,73 @@ TOOL_SEARCH = "ToolSearch"
 
 TRUNCATED_TEXT = "This answer stops in the mid"
 """What the ``truncated`` scenario streams before it drops the connection."""
+
+STRUCTURED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "verdict": {"type": "string", "enum": ["ok"]},
+        "images": {"type": "array", "items": {"type": "string"}},
+        "schema_offered": {"type": "boolean"},
+    },
+    "required": ["verdict", "images", "schema_offered"],
+    "additionalProperties": False,
+}
+"""The output schema the ``structured`` scenarios are tested with. Its property
+``schema_offered`` is the marker: the request offered the schema when its name is in it."""
+STRUCTURED_TOOL = "StructuredOutput"
+"""Claude Code's tool for ``--json-schema`` (2.1.328): the answer is the call's input."""
+
+
+def structured_answer(conversation: Conversation, valid: bool) -> dict[str, Any]:
+    """What the ``structured`` scenario answers: the SHA-256 of every image the request
+    carried and whether it offered the schema; ``structured-invalid`` breaks the schema
+    (``verdict`` a number)."""
+    return {
+        "verdict": "ok" if valid else 42,
+        "images": [hashlib.sha256(image).hexdigest() for image in conversation.images],
+        "schema_offered": conversation.schema_offered,
+    }
+
+
+def images_in(body: Any) -> list[bytes]:
+    """The images a request carries, in any API's form: Anthropic ``image`` blocks
+    (``source.data``), OpenAI ``data:image/...;base64,`` URLs (Responses ``input_image``,
+    Chat ``image_url``), Gemini ``inlineData``. Each once, in order."""
+    found: list[bytes] = []
+
+    def add(text: str) -> None:
+        with contextlib.suppress(binascii.Error, ValueError):
+            data = base64.b64decode(text, validate=True)
+            if data not in found:
+                found.append(data)
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            if value.startswith("data:image/") and ";base64," in value:
+                add(value.split(";base64,", 1)[1])
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            kind = value.get("media_type") or value.get("mimeType") or value.get("mime_type")
+            if (
+                isinstance(kind, str)
+                and kind.startswith("image/")
+                and isinstance(value.get("data"), str)
+            ):
+                add(value["data"])
+            for item in value.values():
+                walk(item)
+
+    walk(body)
+    return found
+
+
+def schema_offered(body: Any) -> bool:
+    """Whether the request carries :data:`STRUCTURED_SCHEMA` (its marker property), in a
+    system prompt, a tool's parameters or a response format."""
+    return "schema_offered" in json.dumps(body)
+
 
 RETRY_AFTER_S = 7
 """The ``retry-after`` header of the ``http-429`` scenario."""
@@ -122,6 +195,9 @@ class Conversation:
     items: list[Item]
     tools: list[dict[str, Any]] = field(default_factory=list)
     """Offered tools as ``{"name": ..., "parameters": <JSON schema or {}>}``."""
+    images: list[bytes] = field(default_factory=list)
+    """The images the request carries (:func:`images_in`), set by the server."""
+    schema_offered: bool = False
 
     def current_turn(self) -> list[Item]:
         """The items of the turn this request belongs to (see the module docstring)."""

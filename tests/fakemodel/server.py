@@ -40,6 +40,7 @@ from tests.fakemodel.scenarios import (
     MCP_TOOL,
     SCENARIOS,
     SLOW_CHUNKS,
+    STRUCTURED_TOOL,
     TEXT_ANSWER,
     TOOL_COMMAND,
     TOOL_SEARCH,
@@ -48,7 +49,10 @@ from tests.fakemodel.scenarios import (
     Conversation,
     choose,
     final_tool_text,
+    images_in,
+    schema_offered,
     shell_arguments,
+    structured_answer,
 )
 
 ERROR_SCENARIOS = frozenset({"http-429", "http-401", "quota", "http-500"})
@@ -158,6 +162,17 @@ def _route(path: str) -> tuple[str | None, str, str | None]:
     return None, "unknown", None
 
 
+def _structured(conv: Conversation, valid: bool, model: str) -> Answer:
+    """The ``structured`` scenarios: the answer as JSON text, or as the input of Claude Code's
+    StructuredOutput tool when it is offered (then a short final text once it ran)."""
+    answer = structured_answer(conv, valid)
+    if any(t.get("name") == STRUCTURED_TOOL for t in conv.tools):
+        if conv.tool_results():
+            return Answer(model, ("Done.",))
+        return Answer(model, tool_name=STRUCTURED_TOOL, tool_args=answer)
+    return Answer(model, (json.dumps(answer),))
+
+
 def _mcp(conv: Conversation, model: str) -> Answer:
     """The ``mcp`` scenario: call the attached tool (after selecting it with ToolSearch where
     it is deferred), then answer with what it returned."""
@@ -254,6 +269,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         handler = APIS[api]
         conv = handler.conversation(body)
+        conv.images, conv.schema_offered = images_in(body), schema_offered(body)
         requested = path_model or (
             body.get("model") if isinstance(body.get("model"), str) else None
         )
@@ -323,6 +339,8 @@ class _Handler(BaseHTTPRequestHandler):
                     ),
                 )
             return Answer(model, (TEXT_ANSWER,))
+        if scenario in ("structured", "structured-invalid"):
+            return _structured(conv, scenario == "structured", model)
         if scenario == "mcp":
             return _mcp(conv, model)
         if scenario == "slow":

@@ -120,6 +120,8 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "output_tokens": INT,
         "cost_usd": OPT_NUMBER,
         "exit_code": OPT_INT,
+        # CONTRACT.md, "Next additions": the validated answer (any JSON value) with a schema
+        "structured": {"object", "array", "string", "integer", "number", "boolean", "null"},
     },
     "session-error": {
         "error": STRING,
@@ -150,6 +152,7 @@ CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
         "invalid-input",
         "internal",  # CONTRACT.md, "Next additions"
         "budget",  # CONTRACT.md, "Next additions"
+        "invalid-output",  # CONTRACT.md, "Next additions"
     },
 }
 
@@ -168,6 +171,7 @@ CONTRACT_RETRYABLE = {
     "invalid-input": False,
     "internal": True,
     "budget": False,  # CONTRACT.md, "Next additions": a run budget is spent
+    "invalid-output": False,  # CONTRACT.md, "Next additions": the same answer again
 }
 
 SAMPLES = [

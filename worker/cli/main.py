@@ -17,9 +17,11 @@ from typing import Any, NoReturn
 import adapters
 from adapters import HARNESS_IDS
 from config import SettingsError
+from worker.cli import attach as cli_attach
 from worker.cli import permissions as cli_permissions
 from worker.cli import spend as cli_spend
 from worker.cli import tenant as cli_tenant
+from worker.cli import tools as cli_tools
 from worker.cli import workspace as cli_workspace
 from worker.cli.render import Renderer
 from worker.cli.session import Handler, Session
@@ -136,6 +138,7 @@ COMMAND_EXITS = {
     **cli_spend.EXITS,
     **cli_permissions.EXITS,
     **cli_tenant.EXITS,
+    **cli_tools.EXITS,
 }
 """Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
 
@@ -159,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_spend.add_commands(command, _add_run_id, OPERATOR_BOUND)
     cli_permissions.add_commands(command, _add_run_id)
     cli_tenant.add_commands(command)
+    cli_tools.add_commands(command)
     _add_operating(command)
     return parser
 
@@ -224,8 +228,10 @@ def _add_run(command: Command) -> None:
     _add_harness_options(run)
     _add_sandbox_options(run)
     cli_workspace.add_seed_options(run, OPERATOR_BOUND)
+    cli_attach.add_options(run, OPERATOR_BOUND)
     cli_spend.add_run_options(run, OPERATOR_BOUND)
     cli_tenant.add_run_options(run)
+    cli_tools.add_run_options(run)
     _add_follow(run)
     _add_json(run, "one JSON object per line: {run_id, turn}, then the events")
 
@@ -347,6 +353,7 @@ def _add_turn(command: Command) -> None:
         default="-",
         help="the turn's input; - (or nothing) reads it from standard input",
     )
+    cli_attach.add_options(turn, OPERATOR_BOUND, turn=True)
     _add_follow(turn)
     _add_json(turn, "one JSON object per line: {run_id, turn}, then the events")
 
@@ -489,8 +496,10 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         cpus=args.cpus,
         pids=args.pids,
         **cli_workspace.seed_options(args),
+        **cli_attach.options(args),
         **cli_spend.run_options(args),
         **cli_tenant.run_options(args),
+        **cli_tools.run_options(args),
     )
     for warning in _ignored_options(args, client.settings.sandbox):
         print(f"harness: warning: {warning}", file=sys.stderr)
@@ -501,7 +510,7 @@ def _run(args: argparse.Namespace, session: Session) -> int:
 def _turn(args: argparse.Namespace, session: Session) -> int:
     client, renderer = session.client, session.renderer
     text = _text_arg(args.input, "input")
-    number = client.submit_turn(args.run_id, text)
+    number = client.submit_turn(args.run_id, text, **cli_attach.options(args))
     renderer.accepted(args.run_id, number)
     return _follow(client, renderer, args.run_id, number, args.wait) if args.follow else 0
 
@@ -560,6 +569,7 @@ HANDLERS: dict[str, Handler] = {
     **cli_spend.HANDLERS,
     **cli_permissions.HANDLERS,
     **cli_tenant.HANDLERS,
+    **cli_tools.HANDLERS,
     "reap": _reap,
     "doctor": _doctor,
 }

@@ -12,6 +12,7 @@ import errno
 import functools
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings, SettingsError, load_settings
 from worker.app import create_app, turn_sender
 from worker.app_names import TASK_END_RUN, harness_queue
-from worker.client.workspace import WorkspaceRequests
+from worker.client.workspace import Loaded, WorkspaceRequests, load_attachments
 from worker.errors import (
     BudgetSpent,
     HarnessError,
@@ -41,8 +42,9 @@ from worker.errors import (
 )
 from worker.fleet import hosts
 from worker.observe import tracing
-from worker.options.policy import check_input, resolve
+from worker.options.policy import attachment_limits, check_input, check_schema, resolve
 from worker.options.spec import (
+    SERVER_NAME,
     TurnPayload,
     check_labels,
     check_run_id,
@@ -61,6 +63,9 @@ from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
 from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT
 from worker.store.terminal import TurnRef, end_unclaimed_turn
+from worker.tools import calls as tool_calls
+from worker.tools import turn as turn_tools
+from worker.tools.schema import tool_set
 from worker.turn.stall import read_report
 
 _ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
@@ -263,8 +268,10 @@ class HarnessClient:
         workspace, repo, ref, push_branch, max_cost_usd, max_tokens, max_turns, max_wall_s
         (the run's budget, within the operator's ceilings), on_limit (``park`` or ``fail``),
         producer, ``labels`` (``{KEY: VALUE}``: :meth:`list_runs` finds runs by them),
-        ``tenant`` and ``webhook_url`` (set by the HTTP API), and ``archive`` (a path: the
-        archive is uploaded through Redis and unpacked into the workspace by the worker).
+        ``tenant`` and ``webhook_url`` (set by the HTTP API), ``archive`` (a path: the
+        archive is uploaded through Redis and unpacked into the workspace by the worker),
+        ``attachments`` (file paths: the first turn's files, see :meth:`submit_turn`) and
+        ``output_schema`` (a JSON Schema, as a dict, every turn's answer must meet).
         Refused with
         InvalidInput (nothing created) when invalid or beyond policy.
         """
@@ -272,6 +279,7 @@ class HarnessClient:
         tenant = options.pop("tenant", None)
         webhook_url = options.pop("webhook_url", None)
         archive = options.pop("archive", None)
+        attached = self._load(options.pop("attachments", None))
         if archive is not None:
             options["archive"] = "0" * 64  # validated with the options; replaced below
         for name in ("allow", "deny", "grants"):
@@ -285,7 +293,9 @@ class HarnessClient:
             harness=harness, **{k: v for k, v in options.items() if v is not None}
         )
         resolved = resolve(run_options, self.settings)
+        turn_tools.check(run_options, self.settings)  # tools=[...], mcp=[...]: docs/mcp.md
         check_input(input, self.settings)
+        check_schema(run_options.output_schema, self.settings)
         run_id = new_run_id()
         if archive is not None:
             digest, size = self.workspace.upload_archive(run_id, Path(archive))
@@ -302,7 +312,7 @@ class HarnessClient:
             tenant=tenant,
             webhook_url=webhook_url,
         )
-        self._send(run_id, 1, input, queue)
+        self._send(run_id, 1, input, queue, attached)
         return run_id
 
     @_translate
@@ -326,14 +336,29 @@ class HarnessClient:
 
     @tracing.traced("HarnessClient.submit_turn")
     @_translate
-    def submit_turn(self, run_id: str, input: str) -> int:
+    def submit_turn(
+        self,
+        run_id: str,
+        input: str,
+        *,
+        attachments: list[str | Path] | None = None,
+        output_schema: dict[str, Any] | None = None,
+    ) -> int:
         """Enqueue the run's next turn; returns its number. RunBusy while one is in flight.
+
+        ``attachments``: file paths, read and checked here (HARNESS_ATTACH_MAX_BYTES,
+        _MAX_FILES, _MAX_TOTAL_BYTES; an image is known by its bytes: a mislabeled or
+        unreadable one is refused), uploaded through Redis and written by the worker into the
+        workspace at ``.attachments/turn-N/NAME``. ``output_schema``: this turn's JSON Schema
+        in place of the run's. InvalidInput (nothing sent) when either is refused.
 
         A turn for a host no live worker consumes is queued all the same: it waits there up to
         ``HARNESS_HOST_WAIT_S`` (see :meth:`waiting`), then the reaper ends it.
         """
         check_run_id(run_id)
         check_input(input, self.settings)
+        check_schema(output_schema, self.settings)
+        attached = self._load(attachments)
         record = self.store.find(run_id)
         over = None if record is None else budgets.submit_refusal(record, self.settings)
         if over is not None and record is not None and record.status == "idle":
@@ -343,7 +368,7 @@ class HarnessClient:
         turn = self.store.begin_turn(run_id)
         raw = self.store.raw(run_id)
         queue = raw.get("queue") or harness_queue(raw.get("harness", ""), self.settings.key_prefix)
-        self._send(run_id, turn, input, queue)
+        self._send(run_id, turn, input, queue, attached, output_schema)
         return turn
 
     @_translate
@@ -380,8 +405,26 @@ class HarnessClient:
             "exceeded": record.budget_exceeded,
         }
 
-    def _send(self, run_id: str, turn: int, input: str, queue: str) -> None:
-        payload = TurnPayload(run_id=run_id, turn=turn, input=input).model_dump()
+    def _load(self, attachments: object) -> list[Loaded]:
+        if attachments is None:
+            return []
+        if not isinstance(attachments, list | tuple):
+            raise InvalidInput("invalid request: attachments: expected a list of file paths")
+        return load_attachments(attachments, attachment_limits(self.settings))
+
+    def _send(
+        self,
+        run_id: str,
+        turn: int,
+        input: str,
+        queue: str,
+        attached: list[Loaded] | None = None,
+        output_schema: dict[str, Any] | None = None,
+    ) -> None:
+        refs = self.workspace.upload_attachments(run_id, turn, attached) if attached else ()
+        payload = TurnPayload(
+            run_id=run_id, turn=turn, input=input, attachments=refs, output_schema=output_schema
+        ).model_dump()
         tracing.current().set_attributes({"harness.run.id": run_id, "harness.turn": turn})
         entry = QueuedTurn.first(payload, queue, time.time())
         entry.write(self.redis, self.keys, run_id, turn, self.settings.retention_s)
@@ -712,6 +755,37 @@ class HarnessClient:
         check_run_id(run_id)
         self.store.get(run_id)  # RunNotFound
         return permissions.pending(self.redis, self.keys, run_id)
+
+    @_translate
+    def serve_tools(
+        self,
+        name: str,
+        handlers: object,
+        *,
+        stop: threading.Event | None = None,
+        lease_s: float = tool_calls.DEFAULT_LEASE_S,
+    ) -> None:
+        """Answer the calls of tool set ``name`` for every run that attached it
+        (``start_run(..., tools=[name])``, ``--tools NAME``); blocks until ``stop`` is set.
+
+        ``handlers`` is a function, a list of functions or a ``{tool name: function}``
+        mapping: each one's typed parameters give its tool's JSON Schema and its docstring
+        the description (:func:`worker.tools.schema.tool` takes an explicit schema). What a
+        handler returns is the result (a string as it is, anything else as JSON); what it
+        raises is the error result the harness gets (its text, never a traceback). Several
+        servers of one set share its calls; a call whose server dies is taken by another
+        once ``lease_s`` passes. Refused with InvalidInput (a bad name, a handler without
+        types); rides out Redis being away."""
+        if not isinstance(name, str) or not SERVER_NAME.fullmatch(name):
+            raise InvalidInput(
+                f"invalid tool set name {name!r}: 1 to 32 letters, digits, '_' or '-'"
+            )
+        try:
+            tools = tool_set(handlers)
+        except ValueError as exc:
+            raise InvalidInput(f"tool set {name}: {exc}") from None
+        server = tool_calls.ToolServer(self.redis, self.keys, name, tools, lease_s=lease_s)
+        server.serve(stop)
 
     @_translate
     def approve(

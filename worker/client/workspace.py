@@ -3,8 +3,11 @@ and rewind requests answered by the run's host (:mod:`worker.workspace.ops`)."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +15,55 @@ from celery import Celery
 
 from config import Settings
 from worker.app_names import TASK_WORKSPACE
-from worker.errors import Refused
+from worker.errors import InvalidInput, Refused
 from worker.fleet import hosts
+from worker.options import attachments as checks
+from worker.options.attachments import AttachmentLimits
+from worker.options.spec import AttachmentRef
 from worker.store.keys import Keys, SyncRedis
-from worker.store.transfer import BinaryRedis, binary_client, read_reply, upload
+from worker.store.transfer import BinaryRedis, binary_client, push_bytes, read_reply, upload
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One attachment read and checked by the client, waiting to be uploaded."""
+
+    ref: AttachmentRef
+    data: bytes
+
+
+def load_attachments(paths: Sequence[str | Path], limits: AttachmentLimits) -> list[Loaded]:
+    """Read and check a turn's files (count, sizes, names, images by their bytes), before
+    anything is created; InvalidInput names the first file that breaks a bound."""
+    if isinstance(paths, str | Path):
+        raise InvalidInput("invalid request: attachments: expected a list of file paths")
+    checks.check_count(len(paths), limits)
+    loaded, total = [], 0
+    for given in paths:
+        path = Path(given)
+        try:
+            facts = path.stat()
+            if not stat.S_ISREG(facts.st_mode):
+                raise InvalidInput(f"cannot read the attachment {str(path)!r}: not a file")
+            size = facts.st_size
+            checks.check_size(path.name, size, total + size, limits)
+            with path.open("rb") as source:
+                data = source.read(limits.max_bytes + 1)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise InvalidInput(f"cannot read the attachment {str(path)!r}: {reason}") from None
+        total += len(data)
+        checks.check_size(path.name, len(data), total, limits)
+        name = checks.safe_name(path.name)
+        ref = AttachmentRef(
+            name=name,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            media_type=checks.media_type(path.name, data),  # type: ignore[arg-type]
+        )
+        loaded.append(Loaded(ref, data))
+    checks.check_names([item.ref.name for item in loaded])
+    return loaded
 
 
 class WorkspaceRequests:
@@ -44,6 +92,19 @@ class WorkspaceRequests:
             self.settings.archive_max_bytes,
             self.settings.retention_s,
         )
+
+    def upload_attachments(
+        self, run_id: str, turn: int, loaded: list[Loaded]
+    ) -> tuple[AttachmentRef, ...]:
+        """Push a turn's checked attachments; the references its message carries."""
+        for index, item in enumerate(loaded):
+            key = self.keys.attachment(run_id, turn, index)
+            push_bytes(self.binary, key, item.data, self.settings.retention_s)
+        return tuple(item.ref for item in loaded)
+
+    def discard_attachments(self, run_id: str, turn: int, count: int) -> None:
+        if count:
+            self.binary.delete(*(self.keys.attachment(run_id, turn, i) for i in range(count)))
 
     def discard_upload(self, run_id: str) -> None:
         self.binary.delete(self.keys.upload(run_id))

@@ -4,9 +4,12 @@ and enforced again by the worker, which never trusts the message it was handed."
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import adapters
 from adapters.protocol import Capabilities, TurnRequest
@@ -14,6 +17,8 @@ from config import Settings
 from sandbox.docker.egress import EgressConfig, Endpoint, base_url_endpoint
 from sandbox.store.seeding import SeedError, check_repo_url
 from worker.errors import InvalidInput
+from worker.options.attachments import AttachmentLimits
+from worker.options.output_schema import check_output_schema
 from worker.options.spec import RunOptions
 
 
@@ -297,13 +302,59 @@ def fit_request(request: TurnRequest, caps: Capabilities) -> TurnRequest:
     """The turn request as the harness can take it: what it has no channel for is moved or
     dropped here, once, rather than in each adapter. A system prompt without a system-prompt
     channel rides at the head of the input (DESIGN.md principle 6); a model it cannot be
-    told is not handed to its adapter (the run's warning says so)."""
+    told is not handed to its adapter (the run's warning says so). An output schema the
+    harness has no option for joins its system prompt; every attachment is named at the end
+    of the input (a harness with an image input gets its images there too)."""
     changes: dict[str, object] = {}
+    if request.output_schema is not None and caps.structured_output != "native":
+        instruction = schema_instruction(request.output_schema)
+        system = f"{request.system_prompt}\n\n{instruction}" if request.system_prompt else None
+        request = dataclasses.replace(request, system_prompt=system or instruction)
+    if request.attachments:
+        request = dataclasses.replace(request, input=request.input + attachment_note(request))
     if request.system_prompt and not caps.system_prompt:
         changes.update(input=f"{request.system_prompt}\n\n{request.input}", system_prompt=None)
     if request.model and not caps.model_selection:
         changes["model"] = None
     return dataclasses.replace(request, **changes) if changes else request  # type: ignore[arg-type]
+
+
+def schema_instruction(schema: Mapping[str, Any]) -> str:
+    """How a harness without a schema option is told the shape of its final answer."""
+    return (
+        "Your final answer must be one JSON value, and nothing else (no prose around it, no "
+        "code fence), that validates against this JSON Schema:\n"
+        + json.dumps(schema, ensure_ascii=False, indent=1)
+    )
+
+
+def attachment_note(request: TurnRequest) -> str:
+    """The lines naming a turn's attachments, appended to its input."""
+    lines = [f"- {a.path} ({a.media_type}, {a.size} bytes)" for a in request.attachments]
+    return "\n\nAttached files (paths relative to the working directory):\n" + "\n".join(lines)
+
+
+def attachment_warning(request: TurnRequest, caps: Capabilities) -> str | None:
+    """What the run's warnings say when the turn's images reach the harness only as files."""
+    if caps.attachments == "images" or not any(a.image for a in request.attachments):
+        return None
+    return (
+        f"turn {request.turn}: the harness has no image input; its images were named in the "
+        "input as files in the workspace"
+    )
+
+
+def attachment_limits(settings: Settings) -> AttachmentLimits:
+    return AttachmentLimits(
+        settings.attach_max_bytes, settings.attach_max_files, settings.attach_max_total_bytes
+    )
+
+
+def check_schema(schema: object, settings: Settings) -> dict[str, Any] | None:
+    """A run's or a turn's output schema within the operator's bound (None: none given)."""
+    if schema is None:
+        return None
+    return check_output_schema(schema, settings.output_schema_max_bytes)
 
 
 def check_input(text: str, settings: Settings) -> None:

@@ -17,6 +17,10 @@ from pydantic import (
 
 from adapters import HARNESS_IDS
 from worker.errors import InvalidInput
+from worker.options.output_schema import check_output_schema
+
+SCHEMA_HARD_MAX_BYTES = 1024 * 1024
+"""A schema's size the options accept at all; the operator's bound is checked by policy."""
 
 RUN_ID = re.compile(r"^r[0-9a-f]{24}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -151,6 +155,9 @@ class RunOptions(BaseModel):
     archive_bytes: int | None = Field(None, ge=0)
     push_branch: str | None = None
     """A branch of ``repo`` the worker pushes each turn's snapshot to, as a commit."""
+    output_schema: dict[str, Any] | None = None
+    """A JSON Schema every turn's final answer must meet (a turn may give its own): the
+    answer's JSON value is ``turn-complete``'s ``structured``."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -166,6 +173,11 @@ class RunOptions(BaseModel):
                         f"must be valid Unicode text, not {shown(text)} (a lone surrogate)"
                     ) from None
         return value
+
+    @field_validator("output_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _valid_schema(value)
 
     @field_validator("harness")
     @classmethod
@@ -304,6 +316,29 @@ class RunOptions(BaseModel):
         return value
 
 
+def _valid_schema(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        return check_output_schema(value, SCHEMA_HARD_MAX_BYTES)
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+
+
+class AttachmentRef(BaseModel):
+    """One attachment of a turn as its message names it: uploaded through Redis (its chunks
+    at ``Keys.attachment``), checked again by the worker against these facts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
+    size: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    media_type: Literal[
+        "image/png", "image/jpeg", "image/gif", "image/webp", "application/octet-stream"
+    ]
+
+
 class TurnPayload(BaseModel):
     """The Celery message of one turn. Never holds a secret: grants travel by name."""
 
@@ -315,6 +350,14 @@ class TurnPayload(BaseModel):
     not_before: float | None = None
     """Unix time before which the turn must not run: a parked run's turn, sent with a
     countdown to its reset (worker/spend/parking.py); a copy delivered early is sent on again."""
+    attachments: tuple[AttachmentRef, ...] = ()
+    output_schema: dict[str, Any] | None = None
+    """This turn's schema, in place of the run's ``output_schema``."""
+
+    @field_validator("output_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _valid_schema(value)
 
     @field_validator("run_id")
     @classmethod

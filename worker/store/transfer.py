@@ -15,6 +15,7 @@ Both directions use a Redis list of binary chunks on a client without response d
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import time
 from collections.abc import Callable
@@ -95,8 +96,33 @@ def upload(
     return digest.hexdigest(), size
 
 
+def push_bytes(client: BinaryRedis, key: str, data: bytes, ttl_s: int) -> None:
+    """Push ``data`` (already read and bounded by the caller: an attachment) to ``key``."""
+    client.delete(key)
+    for start in range(0, len(data), CHUNK_BYTES):
+        client.rpush(key, data[start : start + CHUNK_BYTES])
+        client.expire(key, ttl_s)
+
+
+def read_bytes(client: BinaryRedis, key: str, sha256: str, max_bytes: int) -> bytes:
+    """The bytes pushed to ``key`` (:func:`push_bytes`), then deleted. InvalidInput when they
+    are gone, larger than ``max_bytes`` or not the SHA-256 the message named."""
+    buffer = io.BytesIO()
+    try:
+        receive_upload(client, key, buffer, sha256, max_bytes, what="attachment")
+    finally:
+        client.delete(key)
+    return buffer.getvalue()
+
+
 def receive_upload(
-    client: BinaryRedis, key: str, destination: BinaryIO, sha256: str, max_bytes: int
+    client: BinaryRedis,
+    key: str,
+    destination: BinaryIO,
+    sha256: str,
+    max_bytes: int,
+    *,
+    what: str = "archive",
 ) -> int:
     """Write the uploaded chunks at ``key`` to ``destination``; returns the size.
 
@@ -110,17 +136,18 @@ def receive_upload(
             break
         size += len(chunk)
         if size > max_bytes:
+            setting = "ATTACH" if what == "attachment" else "ARCHIVE"
             raise InvalidInput(
-                f"the uploaded archive is over the operator's limit of {max_bytes} bytes "
-                "(HARNESS_ARCHIVE_MAX_BYTES)"
+                f"the uploaded {what} is over the operator's limit of {max_bytes} bytes "
+                f"(HARNESS_{setting}_MAX_BYTES)"
             )
         digest.update(chunk)
         destination.write(chunk)
         index += 1
     if index == 0:
-        raise InvalidInput("the run's uploaded archive is gone (expired, or never uploaded)")
+        raise InvalidInput(f"the run's uploaded {what} is gone (expired, or never uploaded)")
     if digest.hexdigest() != sha256:
-        raise InvalidInput("the uploaded archive does not match its SHA-256 (incomplete upload?)")
+        raise InvalidInput(f"the uploaded {what} does not match its SHA-256 (incomplete upload?)")
     return size
 
 

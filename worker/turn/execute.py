@@ -29,7 +29,7 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Adapter, AdapterState, TurnRequest
+from adapters.protocol import Adapter, AdapterState, Attachment, TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import (
     LABEL_LEASE,
@@ -49,7 +49,9 @@ from worker.observe import harness_telemetry, logs, metrics, tracing
 from worker.observe.masking import Masker
 from worker.options.policy import (
     Resolved,
+    attachment_warning,
     check_input,
+    check_schema,
     egress_allowlist,
     fit_request,
     resolve,
@@ -64,8 +66,9 @@ from worker.store.publisher import RedisStreamPublisher, last_seq
 from worker.store.records import RecordChanges, RunRecord
 from worker.store.status import RunStatus
 from worker.store.terminal import TurnRef, end_unclaimed_turn
-from worker.turn import attempt
+from worker.turn import attempt, structured
 from worker.turn.life import TurnLife
+from worker.workspace import attachments as workspace_attachments
 from worker.workspace import steps as workspace_steps
 
 __all__ = ["Shutdown", "TurnDeps", "close_lost_turn", "execute_turn"]
@@ -179,6 +182,8 @@ class _TurnRun:
         )
         self.guard: budgets.Guard | None = None
         self.work_began = 0.0
+        self.schema = payload.output_schema or options.output_schema
+        self.attachments: tuple[Attachment, ...] = ()
 
     def _publisher(self, masker: Masker) -> RedisStreamPublisher:
         deps = self.deps
@@ -218,6 +223,7 @@ class _TurnRun:
         try:
             resolved = resolve(self.options, settings)
             check_input(self.payload.input, settings)
+            check_schema(self.schema, settings)
             secrets = resolve_secrets(self.options, settings)
         except InvalidInput as exc:
             return self.refuse(
@@ -267,6 +273,20 @@ class _TurnRun:
         except _Refused as refused:
             return refused.label
         self._record_placement(placement, resolved)
+        try:
+            self.attachments = workspace_attachments.place(
+                workspace_steps.binary_client_for(deps.settings.redis_url),
+                deps.keys,
+                work,
+                self.turn,
+                self.payload.attachments,
+                deps.settings,
+            )
+        except InvalidInput as exc:
+            return self.refuse(
+                session_error(str(exc), "invalid-input"),
+                run_status=_status_after_refusal(self.turn),
+            )
         return sandbox, placement, work
 
     def _place(self, sandbox: Sandbox, resolved: Resolved, record: RunRecord) -> Placement:
@@ -344,12 +364,17 @@ class _TurnRun:
         placement: Placement,
         secrets: dict[str, str],
     ) -> TurnRequest:
-        request = fit_request(
+        given = dataclasses.replace(
             _request(self.options, self.payload, placement, record, resolved.executable, secrets),
-            self.adapter.CAPABILITIES,
+            attachments=self.attachments,
+            output_schema=self.schema,
         )
-        if resolved.warnings and self.turn == 1:
-            warnings = list(resolved.warnings)
+        request = fit_request(given, self.adapter.CAPABILITIES)
+        as_files = attachment_warning(given, self.adapter.CAPABILITIES)
+        warnings = list(resolved.warnings) if self.turn == 1 else list(record.warnings or [])
+        if as_files:
+            warnings.append(as_files)
+        if warnings and (self.turn == 1 or as_files):
             self.wait(lambda: self.deps.store.update(self.run_id, warnings=warnings))
             log.warning(
                 "turn.policy_not_enforced", extra={"run_id": self.run_id, "warnings": warnings}
@@ -458,6 +483,7 @@ class _TurnRun:
             self.deps, self.deps.settings, self.out, self.run_id, self.turn
         )  # fmt: skip
         assert self.guard is not None
+        terminal = structured.check(terminal, self.schema)
         if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
             # This worker is going away; the run keeps its container and host queue, and its
             # next turn waits for a worker there. The credential goes with this worker.
