@@ -24,7 +24,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from config import Settings, load_settings
 from worker.api import errors, page, routes, uploads
 from worker.api.limits import RateLimiter
-from worker.api.settings import ApiSettings, load_api_settings
 from worker.api.sse import StreamHub
 from worker.api.tenants import TenantRegistry
 from worker.api.webhooks import Dispatcher
@@ -43,7 +42,6 @@ class Api:
     """What the routes share: built by :func:`create_app`, connected by its lifespan."""
 
     settings: Settings
-    api: ApiSettings
     keys: Keys
     client: HarnessClient
     tenants: TenantRegistry
@@ -97,17 +95,13 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-def create_app(
-    settings: Settings | None = None, api_settings: ApiSettings | None = None
-) -> FastAPI:
+def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or load_settings()
-    api_settings = api_settings or load_api_settings()
     state = Api(
         settings=settings,
-        api=api_settings,
         keys=Keys(settings.key_prefix),
         client=HarnessClient(settings),
-        tenants=TenantRegistry(api_settings.tenants_file or None),
+        tenants=TenantRegistry(settings.tenants_file or None),
     )
 
     @contextlib.asynccontextmanager
@@ -125,9 +119,9 @@ def create_app(
         )
         http = httpx.AsyncClient(follow_redirects=False)
         state.pool = pool
-        state.hub = StreamHub(reader, pool, state.keys, batch=api_settings.api_read_batch)
-        state.limiter = RateLimiter(pool, state.keys, api_settings.api_rate_window_s)
-        state.webhooks = Dispatcher(pool, state.keys, state.tenants, api_settings, http)
+        state.hub = StreamHub(reader, pool, state.keys, batch=settings.api_read_batch)
+        state.limiter = RateLimiter(pool, state.keys, settings.api_rate_window_s)
+        state.webhooks = Dispatcher(pool, state.keys, state.tenants, settings, http)
         tasks = [
             asyncio.create_task(state.hub.run(), name="sse-hub"),
             asyncio.create_task(state.webhooks.run(), name="webhooks"),
@@ -156,15 +150,15 @@ def create_app(
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(page.router)
-    if api_settings.api_cors_origins:
+    if settings.api_cors_origins:
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=list(api_settings.api_cors_origins),
+            allow_origins=list(settings.api_cors_origins),
             allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
         )
     app.add_middleware(
-        BodyLimit, limit=api_settings.api_max_body_bytes, archive=settings.archive_max_bytes
+        BodyLimit, limit=settings.api_max_body_bytes, archive=settings.archive_max_bytes
     )
     uploads.document(app)
     return app
@@ -175,7 +169,7 @@ def serve(host: str, port: int) -> int:
     import uvicorn
 
     app = create_app()
-    if not app.state.api.api.tenants_file:
+    if not app.state.api.settings.tenants_file:
         log.warning("api.no_tenants: HARNESS_TENANTS_FILE is not set; every request is refused")
     uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
     return 0

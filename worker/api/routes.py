@@ -48,7 +48,7 @@ async def _tenant(
     tenant: Tenant | None = api.tenants.authenticate(credentials.credentials)
     if tenant is None:
         raise ApiError(401, "unauthorized", "unknown or revoked API key", challenge)
-    limits = [n for n in (api.api.api_rate_limit, tenant.rate_limit) if n]
+    limits = [n for n in (api.settings.api_rate_limit, tenant.rate_limit) if n]
     verdict = await api.limiter.hit(tenant.name, min(limits) if limits else 0)
     if not verdict.allowed:
         raise ApiError(
@@ -90,7 +90,7 @@ async def create_run(request: Request, tenant: TenantDep) -> Any:
     With a workspace archive: ``multipart/form-data``, a ``run`` part (that JSON) and an
     ``archive`` part (a tar, tar.gz or zip; at most HARNESS_ARCHIVE_MAX_BYTES, else 413)."""
     api = _api(request)
-    ceiling, part_max = api.settings.archive_max_bytes, api.api.api_max_body_bytes
+    ceiling, part_max = api.settings.archive_max_bytes, api.settings.api_max_body_bytes
     async with uploads.run_request(request, ceiling, part_max) as (body, archive):
         fields = body.model_dump(exclude_none=True)
         harness, text = fields.pop("harness"), fields.pop("input")
@@ -100,7 +100,7 @@ async def create_run(request: Request, tenant: TenantDep) -> Any:
         if archive is not None:
             options["archive"] = str(archive)
         if webhook_url:
-            await run_in_threadpool(webhooks.check_url, webhook_url, api.api)
+            await run_in_threadpool(webhooks.check_url, webhook_url, api.settings)
         run_id = await run_in_threadpool(
             api.client.start_run,
             harness,
@@ -204,7 +204,7 @@ async def stream_events(
     if not _ENTRY_ID.fullmatch(cursor):
         raise InvalidInput(f"invalid event id {cursor[:48]!r}: expected TURN-SEQ, like 3-0")
     return StreamingResponse(
-        sse.stream(api.hub, run_id, cursor, api.api.api_keepalive_s),
+        sse.stream(api.hub, run_id, cursor, api.settings.api_keepalive_s),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -27,8 +27,8 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 
 from adapters.events import TERMINAL_TYPES
+from config import Settings
 from sandbox.store.seeding import SeedError, check_repo_url
-from worker.api.settings import ApiSettings
 from worker.api.tenants import TenantRegistry
 from worker.errors import InvalidInput
 from worker.store.keys import Keys
@@ -60,7 +60,7 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
-def check_url(url: str, settings: ApiSettings) -> str:
+def check_url(url: str, settings: Settings) -> str:
     """A webhook URL operator policy allows (HARNESS_WEBHOOK_SCHEMES, _HOSTS): a host not
     named there must resolve to public addresses only. Blocking (it resolves the host)."""
     schemes = [s for s in settings.webhook_schemes if s in ("http", "https")]
@@ -85,7 +85,7 @@ class Dispatcher:
     """A ``redis.asyncio.Redis`` (the API's shared pool)."""
     keys: Keys
     tenants: TenantRegistry
-    settings: ApiSettings
+    settings: Settings
     http: httpx.AsyncClient
     clock: Callable[[], float] = time.time
 

@@ -129,9 +129,9 @@ def _list(args: argparse.Namespace, session: Session) -> int:
 
 
 def _path(args: argparse.Namespace) -> Path:
-    from worker.api.settings import load_api_settings
+    from config import load_settings
 
-    name = args.file or load_api_settings().tenants_file
+    name = args.file or load_settings().tenants_file
     if not name:
         raise InvalidInput("no tenants file: set HARNESS_TENANTS_FILE or pass --file")
     return Path(name)
