@@ -20,8 +20,6 @@ from pydantic_core import to_json
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What every CLI accepts as a tool name (Claude and Codex prefix it with the server's)."""
-SET_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-"""A tool set's or an operator server's name (``--tools``, ``--mcp``)."""
 
 
 class ToolError(Exception):
