@@ -33,6 +33,7 @@ ROWS = {
     "8": "bench.row8_spend",
     "9": "bench.row9_egress",
     "10": "bench.row10_redis",
+    "12": "bench.row12_api",
 }
 
 

@@ -152,3 +152,18 @@ def test_redis_cost_row_stores_every_event_and_leaves_runs_idle(
     _assert_measured(result)
     assert any("stored" in name for name in result.checks)
     assert any("idle" in name for name in result.checks)
+
+
+def test_api_row_streams_every_event_to_sse_clients_and_a_raw_reader(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Row 12 (the HTTP API's event streams) at smoke sizes: a real API process, its SSE
+    clients and a raw XREAD client each get every event, in order."""
+    from bench import row12_api
+
+    with Bench("smoke", backends=("local",), tmp=tmp_path) as b:
+        result = row12_api.run(b)
+    _assert_measured(result)
+    assert any("in order" in name for name in result.checks)
+    shared = next(f for f in result.figures if "per Redis connection" in f.measure)
+    assert shared.ours is not None and shared.ours > 1  # streams share the API's connections
