@@ -51,6 +51,16 @@ def _end(
     )
 
 
+def _claim(client: fakeredis.FakeRedis, turn: int = 1, token: str = "w/d") -> bool:
+    keys = (
+        KEYS.turn_started(RUN, turn),
+        KEYS.turn_owner(RUN, turn),
+        KEYS.events(RUN),
+        KEYS.run(RUN),
+    )
+    return scripts(client).claim_turn(keys, turn, token, 60, 30)
+
+
 @pytest.mark.parametrize("move", sorted(TRANSITIONS))
 @pytest.mark.parametrize("status", ALL)
 def test_every_move_from_every_status_is_the_table(
@@ -95,9 +105,7 @@ def test_an_unclaimed_end_bars_any_later_claim(
     store: RunStore, client: fakeredis.FakeRedis
 ) -> None:
     assert _end(store, "unclaimed") == (True, "1-1")
-    claimed = scripts(client).claim_turn(
-        KEYS.turn_started(RUN, 1), KEYS.turn_owner(RUN, 1), "w/d", 60, 30
-    )
+    claimed = _claim(client)
     assert not claimed
     entries = client.xrange(KEYS.events(RUN))
     assert [fields["type"] for _, fields in entries] == ["turn-started", "session-error"]
@@ -108,9 +116,7 @@ def test_an_unclaimed_end_bars_any_later_claim(
 def test_a_claimed_turn_refuses_an_unclaimed_end_and_its_owner_ends_it(
     store: RunStore, client: fakeredis.FakeRedis
 ) -> None:
-    assert scripts(client).claim_turn(
-        KEYS.turn_started(RUN, 1), KEYS.turn_owner(RUN, 1), "w/d", 60, 30
-    )
+    assert _claim(client)
     assert _end(store, "unclaimed") == (False, "claimed")
     assert _end(store, "outsider") == (False, "owned")
     assert _end(store, "lost") == (False, "owned")
@@ -124,10 +130,32 @@ def test_a_lost_turn_is_ended_by_anyone_once_its_heartbeat_is_gone(
     store: RunStore, client: fakeredis.FakeRedis
 ) -> None:
     assert _end(store, "lost") == (False, "queued")
-    scripts(client).claim_turn(KEYS.turn_started(RUN, 1), KEYS.turn_owner(RUN, 1), "w/d", 60, 30)
+    _claim(client)
     client.delete(KEYS.turn_owner(RUN, 1))
     assert _end(store, "lost") == (True, "1-1")
     assert _end(store, "outsider") == (False, "ended")
+
+
+def test_its_owner_ends_a_turn_without_a_mark_left_and_no_copy_claims_it_again(
+    store: RunStore, client: fakeredis.FakeRedis
+) -> None:
+    assert _claim(client)
+    assert _end(store, "owner:w/d") == (True, "1-1")
+    assert not client.exists(KEYS.turn_started(RUN, 1))
+    assert not _claim(client)  # the same delivery again, its reply lost
+    assert not _claim(client, token="w/other")  # a copy of the message
+    assert _end(store, "lost") == (False, "ended")
+
+
+def test_a_turn_whose_terminal_was_trimmed_away_is_not_claimed_once_a_later_one_began(
+    store: RunStore, client: fakeredis.FakeRedis
+) -> None:
+    assert _claim(client)
+    assert _end(store, "owner:w/d") == (True, "1-1")
+    assert store.begin_turn(RUN) == 2
+    client.delete(KEYS.events(RUN))  # trimmed: turn 2 published past the stream's limit
+    assert not _claim(client, 1, "w/other")
+    assert _claim(client, 2)
 
 
 def test_the_terminal_continues_the_turns_stream(

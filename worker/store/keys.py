@@ -207,7 +207,9 @@ class Keys:
         return f"{self.prefix}:run:{run_id}:turn:{turn}:queued"
 
     def turn_started(self, run_id: str, turn: int) -> str:
-        """Set once when a worker takes a turn: a redelivered turn never runs twice."""
+        """Set once when a worker takes a turn: a redelivered turn never runs twice. Deleted
+        when that worker ends the turn: its terminal refuses a later claim then
+        (``claim_turn.lua``)."""
         return f"{self.prefix}:run:{run_id}:turn:{turn}:started"
 
     def turn_silent(self, run_id: str, turn: int) -> str:

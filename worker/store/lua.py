@@ -61,9 +61,17 @@ class Scripts:
         return bool(self._call("mark_running", [record], [now]))
 
     def claim_turn(
-        self, started: str, owner: str, token: str, started_ttl_s: int, owner_ttl_s: int
+        self,
+        keys: tuple[str, str, str, str],
+        turn: int,
+        token: str,
+        started_ttl_s: int,
+        owner_ttl_s: int,
     ) -> bool:
-        return bool(self._call("claim_turn", [started, owner], [token, started_ttl_s, owner_ttl_s]))
+        """See ``claim_turn.lua``: ``keys`` the turn's started mark and owner heartbeat, the
+        run's stream and record."""
+        args: list[Value] = [token, started_ttl_s, owner_ttl_s, str(turn)]
+        return bool(self._call("claim_turn", list(keys), args))
 
     def delete_if_mine(self, key: str, value: str) -> bool:
         return bool(self._call("delete_if_mine", [key], [value]))

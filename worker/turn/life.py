@@ -130,8 +130,13 @@ class TurnLife:
         token = f"{deps.worker_id}/{delivery or uuid.uuid4().hex}"
         try:
             claimed = lua.scripts(deps.redis).claim_turn(
-                deps.keys.turn_started(ref.run_id, ref.turn),
-                self._owner_key,
+                (
+                    deps.keys.turn_started(ref.run_id, ref.turn),
+                    self._owner_key,
+                    deps.keys.events(ref.run_id),
+                    deps.keys.run(ref.run_id),
+                ),
+                ref.turn,
                 token,
                 deps.settings.retention_s + deps.settings.run_lease_s,
                 deps.settings.heartbeat_ttl_s,

@@ -2,7 +2,8 @@
 -- may end it. The one writer of every terminal (worker/turn/life.py, end_turn).
 --
 -- Who may end a turn (ARGV[2]):
---   'owner:' .. token: the worker that claimed it (the started mark holds that token);
+--   'owner:' .. token: the worker that claimed it (the started mark holds that token, and is
+--     deleted once the terminal is written);
 --   'unclaimed': anyone, while no worker took the turn (no started mark): a mark saying so
 --     is set, and no later claim can take it;
 --   'lost': anyone, when a worker took it and its heartbeat is gone;
@@ -48,7 +49,8 @@ if #last > 0 then
 end
 local mark = redis.call('GET', KEYS[3])
 local caller = ARGV[2]
-if string.sub(caller, 1, 6) == 'owner:' then
+local owner = string.sub(caller, 1, 6) == 'owner:'
+if owner then
   if mark ~= string.sub(caller, 7) then return {0, 'not-owner'} end
 elseif not mark then
   if caller == 'lost' then return {0, 'queued'} end
@@ -67,6 +69,11 @@ local id = turn .. '-' .. next_seq
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], id,
   'type', ARGV[9], 'data', ARGV[10], 'ts', ARGV[7])
 compact(KEYS[2])
+-- The owner's mark is dropped with its turn: the terminal now bars a later claim, a copy of the
+-- turn's message included (claim_turn.lua), so no key is kept per turn for the retention. A
+-- mark set for a turn no worker holds stays: whatever still waits to run it (a copy in the
+-- queue, a wait for a concurrency slot) asks the mark.
+if owner then redis.call('DEL', KEYS[3]) end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if #ARGV > 14 then redis.call('HSET', KEYS[1], unpack(ARGV, 15)) end
   redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[11])
