@@ -7,6 +7,7 @@ the variable, so a worker with a bad setting fails at start with a sentence, not
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Annotated, Literal
 
@@ -405,6 +406,18 @@ class Settings(BaseSettings):
                     raise ValueError(f"expected host=VARIABLE pairs, got {item.strip()!r}")
                 result[host.strip().lower()] = variable.strip()
             return result
+        return value
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _mcp_json(cls, value: object) -> object:
+        # From the environment pydantic-settings decodes the JSON itself; given as a value
+        # (load_settings(mcp_servers='{...}')), it is decoded here.
+        if isinstance(value, str):
+            try:
+                return json.loads(value or "{}")
+            except ValueError as exc:
+                raise ValueError(f"expected a JSON object: {exc}") from None
         return value
 
     @field_validator("grants", mode="before")
