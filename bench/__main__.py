@@ -34,6 +34,7 @@ ROWS = {
     "9": "bench.row9_egress",
     "10": "bench.row10_redis",
     "12": "bench.row12_api",
+    "13": "bench.row13_tools",
 }
 
 
