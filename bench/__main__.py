@@ -33,8 +33,8 @@ ROWS = {
     "8": "bench.row8_spend",
     "9": "bench.row9_egress",
     "10": "bench.row10_redis",
+    "11": "bench.row11_tracing",
     "12": "bench.row12_api",
-    "13": "bench.row13_tools",
 }
 
 

@@ -182,3 +182,45 @@ def test_the_trace_goes_on_from_a_python_producer_to_the_agents_tool_call(
     call = next(e for e in env.client().events(run_id) if e.type == "tool-call")
     assert tool.attributes["gen_ai.tool.call.id"] == call.data["call_id"]
     assert exec_.start_ns <= tool.start_ns <= tool.end_ns <= exec_.end_ns
+
+
+def test_an_http_request_is_a_server_span_whose_parent_is_the_callers_traceparent(
+    env: Env, receiver: OtlpReceiver
+) -> None:
+    from tests.integration.api_server import start_api
+
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    worker = start_worker(env, extra_env=otel_env(receiver))
+    api = start_api(env, **otel_env(receiver))
+    try:
+        api.add_tenant("acme")
+        with api.client("acme") as http:
+            made = http.post(
+                "/v1/runs",
+                json={"harness": "stdio-json", "input": "hi", "executable": DEMO},
+                headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"},
+            )
+            assert made.status_code == 201, made.text
+        run_id = made.json()["run_id"]
+        assert env.client().wait(run_id, 1, timeout=60).type == "turn-complete"
+        wanted = {"POST /v1/runs", "HarnessClient.start_run", "invoke_agent stdio-json"}
+        spans = receiver.wait_for(lambda got: wanted <= set(by_name(got)))
+    finally:
+        api.stop()
+        worker.stop()
+    named = by_name(spans)
+    request, start = named["POST /v1/runs"], named["HarnessClient.start_run"]
+    assert (request.trace_id, request.parent_id) == (caller_trace, caller_span)
+    assert request.kind == "SERVER" and request.service == "harness-api"
+    assert request.attributes["http.response.status_code"] == 201
+    assert request.span_id in ancestors(start, spans)
+    assert named["invoke_agent stdio-json"].trace_id == caller_trace
+
+
+def ancestors(span: ReceivedSpan, spans: list[ReceivedSpan]) -> list[str]:
+    parents = {s.span_id: s.parent_id for s in spans}
+    found, at = [], span.parent_id
+    while at:
+        found.append(at)
+        at = parents.get(at, "")
+    return found

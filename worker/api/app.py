@@ -28,6 +28,7 @@ from worker.api.sse import StreamHub
 from worker.api.tenants import TenantRegistry
 from worker.api.webhooks import Dispatcher
 from worker.client import HarnessClient
+from worker.observe import tracing
 from worker.store.keys import Keys
 
 log = logging.getLogger("worker.api")
@@ -97,6 +98,7 @@ class BodyLimit:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or load_settings()
+    tracing.setup("harness-api")  # before its client: the process is the API
     state = Api(
         settings=settings,
         keys=Keys(settings.key_prefix),

@@ -426,12 +426,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The command says what went wrong itself; the worker code it runs (reap, doctor) logs
     # only what it could not say: errors, as key=value lines on stderr.
     logging.basicConfig(level=logging.ERROR, format="harness: %(levelname)s %(message)s")
-    tracing.setup("harness")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    tracing.setup(SERVICES.get(args.command, "harness"))  # on with OTEL_EXPORTER_OTLP_ENDPOINT
     try:
         _check_utf8_args(args)
-        if args.command in SERVERS:  # their requests are traces of their own
-            return HANDLERS[args.command](args, Session(args))
-        with tracing.span(f"harness {args.command}"):
+        with _command_span(args.command):
             return HANDLERS[args.command](args, Session(args))
     except SettingsError as exc:
         print(f"harness: {exc}", file=sys.stderr)
@@ -447,6 +445,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         tracing.flush()  # a short-lived process: its batch would die with it
+
+
+def _command_span(command: str) -> contextlib.AbstractContextManager[object]:
+    """The command's span; none around a server's life (its requests are traces of their
+    own)."""
+    if command in SERVERS:
+        return contextlib.nullcontext()
+    return tracing.span(f"harness {command}")
 
 
 def _doctor(args: argparse.Namespace, session: Session) -> int:
@@ -557,6 +563,8 @@ def _end(args: argparse.Namespace, session: Session) -> int:
 
 SERVERS = frozenset({"api", "tools"})
 """Commands that serve until stopped: no span of the command around them."""
+SERVICES = {"api": "harness-api", "tools": "harness-tools"}
+"""The traces' service name of a command's process (default ``harness``)."""
 
 HANDLERS: dict[str, Handler] = {
     "run": _run,

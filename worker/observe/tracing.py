@@ -67,6 +67,8 @@ class SpanLike(Protocol):
 
     def set_status(self, status: Any, description: str | None = None) -> Any: ...
 
+    def update_name(self, name: str) -> Any: ...
+
 
 class _NoSpan:
     """The span of a process that does not trace: accepts everything, keeps nothing."""
@@ -84,6 +86,9 @@ class _NoSpan:
         return False
 
     def set_status(self, status: Any, description: str | None = None) -> None:
+        return None
+
+    def update_name(self, name: str) -> None:
         return None
 
     def __enter__(self) -> _NoSpan:
