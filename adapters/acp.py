@@ -13,11 +13,12 @@ The turn, over the harness's stdin/stdout (newline-delimited JSON-RPC 2.0, see
    sent after the load, and its (error) response marks where the replay ends. A failed load
    means a stale session: ``resume_rejected``, and the worker retries fresh with the run's
    prior conversation replayed.
-3. → ``session/prompt`` with the input as one text block. While it runs, ``session/update``
-   notifications carry ``agent_message_chunk`` (assistant text), ``tool_call`` /
-   ``tool_call_update`` (reported as ``sandbox-activity`` once a call completes or fails)
-   and ``usage_update``; the agent → client request ``session/request_permission``
-   ``{toolCall, options: [{optionId, kind}]}`` becomes an :class:`~adapters.asks.Ask`.
+3. → ``session/prompt`` with the turn's images (``image`` blocks) and the input as one text
+   block. While it runs, ``session/update`` notifications carry ``agent_message_chunk``
+   (assistant text), ``tool_call`` / ``tool_call_update`` (reported as ``sandbox-activity``
+   once a call completes or fails) and ``usage_update``; the agent → client request
+   ``session/request_permission`` ``{toolCall, options: [{optionId, kind}]}`` becomes an
+   :class:`~adapters.asks.Ask`.
 4. ← the prompt's response ends the turn: ``{"stopReason": ...}`` (``end_turn``,
    ``max_tokens``, ``max_turn_requests``, ``refusal``) is ``turn-complete`` with the usage
    it carries (opencode: ``usage``; gemini: ``_meta.quota``); ``cancelled`` or an error
@@ -36,6 +37,7 @@ permission ...").
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +82,8 @@ class Client:
     cwd: str
     input: str
     resume: str | None
+    images: tuple[dict[str, str], ...] = ()
+    """The turn's images as ACP ``image`` content blocks (``mimeType``, base64 ``data``)."""
     phase: str = "initializing"
     """initializing → opening (session/new or load) → [replaying] → prompting → done."""
     texts: list[str] = field(default_factory=list)
@@ -88,7 +92,14 @@ class Client:
 
 
 def client(request: TurnRequest) -> Client:
-    return Client(cwd=request.workspace, input=request.input, resume=request.resume_session)
+    images = tuple(
+        {"type": "image", "mimeType": a.media_type, "data": base64.b64encode(a.data).decode()}
+        for a in request.attachments
+        if a.image and a.data
+    )
+    return Client(
+        cwd=request.workspace, input=request.input, resume=request.resume_session, images=images
+    )
 
 
 def first_message() -> bytes:
@@ -187,7 +198,7 @@ def _prompt(state: AdapterState, acp: Client) -> list[Event]:
     acp.phase = "prompting"
     prompt = {
         "sessionId": state.session_id,
-        "prompt": [{"type": "text", "text": acp.input}],
+        "prompt": [*acp.images, {"type": "text", "text": acp.input}],
     }
     state.outbox.append(jsonrpc.request(_PROMPT, "session/prompt", prompt))
     return []

@@ -9,7 +9,8 @@ read as in the one-shot mode (:func:`adapters.codex.finish`). The turn:
 2. → ``thread/start`` ``{cwd, model, approvalPolicy: "untrusted", sandbox}`` or
    ``thread/resume`` ``{threadId, ...}`` ← ``{thread: {id, ...}}``. A failed resume
    (``no rollout found for thread id ...``) is a stale session: ``resume_rejected``.
-3. → ``turn/start`` ``{threadId, input: [{type: "text", text}]}`` ← ``{turn: {id}}``.
+3. → ``turn/start`` ``{threadId, input: [{type: "text", text}, {type: "localImage", path}...],
+   outputSchema}`` (images and schema when the turn has them) ← ``{turn: {id}}``.
    Notifications follow: ``item/started`` / ``item/completed`` (``commandExecution``,
    ``fileChange``, ``mcpToolCall``, ``webSearch``, ``agentMessage``), ``error``,
    ``thread/tokenUsage/updated`` (``last``: one model call; a resume first repeats the

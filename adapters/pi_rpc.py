@@ -19,6 +19,7 @@ exit is read as in the one-shot mode (:func:`adapters.pi.finish`).
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -80,9 +81,15 @@ def build_command(request: TurnRequest) -> Command:
     files[path] = EXTENSION
     argv += ["-e", path]
     env["HARNESS_ASK_TOOLS"] = asked_tools(pi.tools_for(request), pi.allowed_outright(request))
-    stdin = _line({"id": "harness-state", "type": "get_state"}) + _line(
-        {"id": "harness-prompt", "type": "prompt", "message": request.input}
-    )
+    prompt: dict[str, Any] = {"id": "harness-prompt", "type": "prompt", "message": request.input}
+    images = [
+        {"type": "image", "data": base64.b64encode(a.data).decode(), "mimeType": a.media_type}
+        for a in request.attachments
+        if a.image and a.data
+    ]
+    if images:  # 0.73.1's prompt command takes them as ImageContent beside the message
+        prompt["images"] = images
+    stdin = _line({"id": "harness-state", "type": "get_state"}) + _line(prompt)
     return Command(tuple(argv), stdin, env, files, request.workspace, keep_stdin=True)
 
 

@@ -9,17 +9,23 @@ import base64
 import dataclasses
 import json
 import tomllib
+from typing import Any
 
 import pytest
 
 import adapters
 from adapters import (
+    acp,
     claude_code,
     claude_control,
     codex,
+    codex_app_server,
     gemini,
+    gemini_acp,
     opencode,
+    opencode_acp,
     pi,
+    pi_rpc,
     stdio_json,
 )
 from adapters.protocol import Attachment, TurnRequest
@@ -172,3 +178,47 @@ def test_images_reaching_a_harness_only_as_files_are_warned_about() -> None:
     assert attachment_warning(WITH, pi.CAPABILITIES) is None
     only_files = dataclasses.replace(WITH, attachments=(NOTES,))
     assert attachment_warning(only_files, stdio_json.CAPABILITIES) is None
+
+
+ASKED = dataclasses.replace(WITH, posture="ask")
+
+
+def test_codex_app_server_starts_the_turn_with_local_images_and_the_output_schema() -> None:
+    state = codex_app_server.new_state(ASKED)
+    turn = codex_app_server._turn_start("thread-1", state.channel)
+    assert turn == {
+        "threadId": "thread-1",
+        "input": [
+            {"type": "text", "text": "look"},
+            {"type": "localImage", "path": "/workspace/.attachments/turn-1/red.png"},
+        ],
+        "outputSchema": SCHEMA,
+    }
+    plain = codex_app_server._turn_start("t", codex_app_server.new_state(BASE).channel)
+    assert plain == {"threadId": "t", "input": [{"type": "text", "text": "look"}]}
+
+
+@pytest.mark.parametrize("module", [gemini_acp, opencode_acp], ids=["gemini", "opencode"])
+def test_the_acp_prompt_carries_each_image_as_a_content_block(module: Any) -> None:
+    state = module.new_state(ASKED)
+    state.session_id = "s1"
+    acp._prompt(state, state.channel)
+    prompt = json.loads(state.outbox[-1])["params"]["prompt"]
+    assert prompt == [
+        {"type": "image", "mimeType": "image/png", "data": base64.b64encode(PNG).decode()},
+        {"type": "text", "text": "look"},
+    ]
+
+
+def test_the_pi_rpc_prompt_command_carries_the_images() -> None:
+    command = pi_rpc.build_command(ASKED)
+    assert command.stdin is not None
+    prompt = json.loads(command.stdin.splitlines()[-1])
+    assert prompt["type"] == "prompt" and prompt["message"] == "look"
+    assert prompt["images"] == [
+        {"type": "image", "data": base64.b64encode(PNG).decode(), "mimeType": "image/png"}
+    ]
+    plain = json.loads(
+        pi_rpc.build_command(dataclasses.replace(BASE, posture="ask")).stdin.splitlines()[-1]
+    )  # type: ignore[union-attr]
+    assert "images" not in plain
