@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import coerce
+from adapters import coerce, pi_mcp
 from adapters.errors import classify
 from adapters.events import (
     ActivityKind,
@@ -39,7 +39,7 @@ CAPABILITIES = Capabilities(
     # 0.73.1 names, in every assistant message, the model it addressed (ours, from --model),
     # never the one the API says answered: an echo of the request, not a report.
     model_reporting=False,
-    mcp_client=False,
+    mcp_client=True,
     permission_ask=True,
     attachments="images",
 )
@@ -148,13 +148,14 @@ def invocation(
         path = f"{request.home}/.pi/harness-system-prompt.md"
         files[path] = request.system_prompt
         argv += ["--append-system-prompt", path]
-    tools = tools_for(request)
+    tools = [*tools_for(request), *pi_mcp.tool_names(request)]
     argv += ["--tools", ",".join(tools)] if tools else ["--no-tools"]
     env = {
         "PI_OFFLINE": "1",  # no update checks or other start-up network calls
         "PI_CODING_AGENT_DIR": f"{request.home}/.pi/agent",  # models.json, sessions
     }
-    return argv, env, files
+    mcp_argv, mcp_env, mcp_files = pi_mcp.extension(request)  # the run's MCP servers
+    return [*argv, *mcp_argv], {**env, **mcp_env}, {**files, **mcp_files}
 
 
 def build_command(request: TurnRequest) -> Command:

@@ -124,6 +124,9 @@ class McpServer:
     name: str
     command: tuple[str, ...]
     env: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    """The server's tool names as the worker listed them when the turn began, for a harness
+    that must name each tool it may use (pi's ``--tools``)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ def tools(redis_url: str) -> Iterator[Tools]:
     server = calls.ToolServer(client, keys, MCP_SERVER, tool_set(lookup))
     thread = threading.Thread(target=server.serve, args=(stop,), kwargs={"block_s": 0.2})
     thread.start()
+    deadline = time.monotonic() + 10
+    while not client.get(keys.tool_definitions(MCP_SERVER)) and time.monotonic() < deadline:
+        time.sleep(0.02)  # served: pi names the tools it may call when the turn begins
     yield Tools(deps, client, keys)
     stop.set()
     thread.join(5)
@@ -121,7 +125,7 @@ def assert_called_and_answered(turn: LiveTurn, events: list[Event]) -> None:
     assert answer.startswith(MCP_FINAL_PREFIX) and ORDER_STATUS in answer
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "opencode"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini", "opencode", "pi"])
 def test_the_model_calls_the_attached_tool_and_answers_with_its_result(
     harness: str, tools: Tools, run_live_turn: RunLiveTurn, live_placement: Any
 ) -> None:

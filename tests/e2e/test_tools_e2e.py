@@ -14,8 +14,8 @@ from tests.integration.test_tools_worker import Servers
 
 pytestmark = [pytest.mark.conformance, pytest.mark.docker, pytest.mark.redis, pytest.mark.celery]
 
-LOADED = ("claude-code", "codex", "gemini", "opencode")
-"""The CLIs with an MCP client of their own (pi: tests/conformance, through its extension)."""
+LOADED = ("claude-code", "codex", "gemini", "opencode", "pi")
+"""Every CLI: four with an MCP client of their own, pi through the extension its adapter ships."""
 
 
 @pytest.mark.parametrize("harness", [HARNESSES[h] for h in LOADED], ids=list(LOADED))

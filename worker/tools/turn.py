@@ -28,7 +28,7 @@ from worker.permissions import rules
 from worker.store import credentials
 from worker.store.credentials import CREDENTIAL_ENV
 from worker.tools import bridge
-from worker.tools.backend import Backend, Reply
+from worker.tools.backend import Backend, BackendError, Reply
 from worker.tools.calls import RedisToolSet
 from worker.tools.endpoint import RunEndpoint, RunTools, ToolLimits
 from worker.tools.upstream import Upstream
@@ -120,13 +120,23 @@ def serve(
             name,
             ("python3", f"{inside}/{BRIDGE}", f"{inside}/{SOCKET}", name),
             env=(CREDENTIAL_ENV,),
+            tools=_tool_names(backend),
         )
-        for name in backends
+        for name, backend in guarded.items()
     )
     try:
         yield TurnTools(endpoint, servers)
     finally:
         endpoint.close()
+
+
+def _tool_names(backend: Backend) -> tuple[str, ...]:
+    try:
+        listed = backend.list_tools()
+    except BackendError as exc:
+        log.warning("tools.list_failed", extra={"error": str(exc)})
+        return ()
+    return tuple(str(t.get("name")) for t in listed if isinstance(t.get("name"), str))
 
 
 class _Denying:
