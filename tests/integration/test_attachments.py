@@ -19,6 +19,7 @@ import pytest
 from tests.helpers import assert_one_terminal
 from tests.images import jpeg, png
 from tests.integration.conftest import DEMO, Env, WorkerProcess, start_worker
+from tests.integration.docker_fixtures import ensure_images, require_docker
 from worker.client import HarnessClient, StreamEvent
 from worker.client.workspace import Loaded
 from worker.errors import InvalidInput
@@ -277,3 +278,37 @@ def test_the_command_line_attaches_files_and_reads_the_schema(
         str(files["photo.png"]),
     )
     assert mislabeled.returncode == 2 and "named as a PNG image" in mislabeled.stderr
+
+
+@pytest.mark.docker
+def test_in_a_container_the_harness_reads_its_attachments_in_the_workspace(
+    env: Env, workers: list[WorkerProcess], files: dict[str, Path]
+) -> None:
+    require_docker()
+    ensure_images(["demo"])
+    workers.append(
+        start_worker(
+            env,
+            HARNESS_SANDBOX="docker",
+            HARNESS_NETWORK="none",
+            HARNESS_ALLOWED_EXECUTABLES="harness-demo",
+        )
+    )
+    client = env.client()
+    run_id = client.start_run(
+        "stdio-json",
+        "@answer-attachments",
+        executable="harness-demo",
+        attachments=[files["red.png"], files["notes.txt"]],
+        output_schema=ANSWER_SCHEMA,
+    )
+    try:
+        terminal = client.wait(run_id, 1, timeout=180)
+        assert terminal.type == "turn-complete", terminal.data
+        seen = terminal.data["structured"]["attachments"]
+        assert [(a["path"], a["sha256"]) for a in seen] == [
+            ("/workspace/.attachments/turn-1/red.png", sha(files["red.png"])),
+            ("/workspace/.attachments/turn-1/notes.txt", sha(files["notes.txt"])),
+        ]
+    finally:
+        client.end(run_id, timeout=60)
