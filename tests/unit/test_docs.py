@@ -29,6 +29,8 @@ NOT_SETTINGS = {
     "HARNESS_DOCKER2_BRIDGE_CIDR": "scripts/second-dockerd",
     "HARNESS_BENCH_REDIS_URL": "bench/worker.py",
     "HARNESS_ATTACHMENTS": "adapters/stdio_json.py",
+    "HARNESS_MCP_CONFIG": "adapters/stdio_json.py",  # the run's MCP servers (--tools, --mcp)
+    "HARNESS_PI_MCP": "adapters/pi_mcp.py",
 }
 """``HARNESS_*`` names the docs use that are not worker settings, and where each lives."""
 
