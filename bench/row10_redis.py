@@ -46,9 +46,11 @@ from worker.store.publisher import SCRIPT_MIN, RedisStreamPublisher
 
 TARGET_RATIO = 1.5
 TUNED = {"hash-max-listpack-value": "1024", "stream-node-max-bytes": "1024"}
-"""The configuration docs/performance.md recommends (row 10): a run record (one value, its
-options, is ~500 bytes) stays a listpack instead of a hash table, and a stream preallocates
-1 KiB for its newest node instead of 4 KiB."""
+"""A configuration for fleets of many short runs, measured against the defaults (row 10 of
+docs/performance.md): hashes stay listpacks with values up to 1 KiB, and a stream preallocates
+1 KiB for its newest node instead of 4 KiB. Since the record keeps its long fields apart and a
+short stream is written back at its size after each turn, an idle run costs the same under
+both; big streams cost more tuned."""
 SIZES = {"full": (100_000, 100), "quick": (20_000, 30), "smoke": (1_000, 3)}
 """Events stored and idle runs made, per profile."""
 
@@ -109,6 +111,37 @@ def key_memory(client: redis.Redis, keys: list[str]) -> int:
     ``used_memory`` would also count client buffers and the keyspace's own resizing, which
     come and go on Redis's schedule."""
     return sum(int(client.memory_usage(key, samples=0) or 0) for key in keys)
+
+
+def index_share(client: redis.Redis, keys: Keys, runs: int) -> tuple[int, int]:
+    """The share of ``runs`` of the indexes every run is a member of: the set of active runs
+    and the tenant's sorted sets (all its runs, those of the harness): ``MEMORY USAGE`` and
+    the members as JSON, in proportion to the runs' part of each."""
+    held = raw = 0
+    indexes = [keys.runs_index(), *client.scan_iter(match=keys.run_list("*") + "*", count=1000)]
+    for key in indexes:
+        members = client.zcard(key) if client.type(key) == "zset" else client.scard(key)
+        held += key_memory(client, [key]) * runs // max(members, 1)
+        raw += key_json_bytes(client, key) * runs // max(members, 1)
+    return held, raw
+
+
+def floor_bytes(client: redis.Redis, keys: Keys) -> dict[str, int]:
+    """What Redis holds for a key of nothing, named as a run's keys are, with a TTL: its fixed
+    cost per key (an empty stream: the stream's own; a one-byte string: the key's)."""
+    run_id = "f" + uuid.uuid4().hex[:24]
+    stream, string = keys.events(run_id), keys.credential(run_id)
+    client.xadd(stream, {"type": "x"}, id="1-1")
+    client.xdel(stream, "1-1")
+    client.set(string, "x")
+    for key in (stream, string):
+        client.expire(key, 3600)
+    found = {
+        "empty stream": key_memory(client, [stream]),
+        "one-byte string": key_memory(client, [string]),
+    }
+    client.delete(stream, string)
+    return found
 
 
 def server_cpu(client: redis.Redis) -> float:
@@ -273,10 +306,10 @@ def idle_runs(
                 name = key.removeprefix(f"{env.keys.prefix}:").replace(run_id, "<id>")
                 kind = per_key.setdefault(name, [0, 0, 0])
                 kind[0], kind[1], kind[2] = kind[0] + 1, kind[1] + memory, kind[2] + as_json
-            raw += _line(run_id)  # its member of the set of active runs
             encodings.add(f"record {r.object('encoding', env.keys.run(run_id))}")
-        index = r.scard(env.keys.runs_index())
-        held += key_memory(r, [env.keys.runs_index()]) * len(made) // max(index, 1)
+        shared, shared_json = index_share(r, env.keys, len(made))
+        held, raw = held + shared, raw + shared_json
+        per_key["index shares (runs:active, tenant::runs...)"] = [len(made), shared, shared_json]
         ours, base = held / runs, raw / runs
         result.checks[f"idle runs, {config}: all {runs} idle"] = all(
             client.status(run_id)["status"] == "idle" for run_id in made
@@ -294,6 +327,10 @@ def idle_runs(
         result.notes.append(
             f"idle runs, {config}: {', '.join(sorted(encodings))}; {len(made)} runs, "
             f"{mib(held):.2f} MiB in all"
+        )
+        floor = floor_bytes(r, env.keys)
+        result.notes.append(
+            f"floor, {config}: " + ", ".join(f"{name} {size} B" for name, size in floor.items())
         )
         result.notes.append(
             f"idle run's keys, {config} (runs holding it: MEMORY USAGE / as JSON, B each): "

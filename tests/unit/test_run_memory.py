@@ -4,6 +4,7 @@ ended, and every entry, id and TTL as they were."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, cast
 
@@ -71,9 +72,27 @@ def test_the_record_stays_a_listpack_with_long_options_warnings_and_budget(
     assert record.options == LONG_OPTIONS
     assert record.budget == BUDGET
     assert record.warnings == ["this harness enforces no permission policy: " * 3]
+    assert client.type(KEYS.run_long(RUN)) == "string"
     store.update(RUN, warnings=None)
     assert store.record(RUN).warnings is None
-    assert "warnings" not in client.hkeys(KEYS.run_long(RUN))
+    assert sorted(json.loads(client.get(KEYS.run_long(RUN)) or "")) == ["budget", "options"]
+
+
+def test_long_fields_changed_at_once_are_all_kept(store: RunStore, client: redis.Redis) -> None:
+    client.expire(KEYS.run_long(RUN), 500)
+    changes = [
+        {"warnings": [f"w{i}"]} if i % 2 else {"budget": {"max_turns": i}} for i in range(20)
+    ]
+    threads = [threading.Thread(target=store.update, args=(RUN,), kwargs=c) for c in changes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    record = store.record(RUN)
+    assert record.warnings and record.warnings[0] in {f"w{i}" for i in range(1, 20, 2)}
+    assert record.budget["max_turns"] in range(0, 20, 2)
+    assert record.options == LONG_OPTIONS
+    assert 490 <= int(client.ttl(KEYS.run_long(RUN))) <= 500
 
 
 def test_an_ended_turns_stream_of_one_node_is_held_at_its_size(

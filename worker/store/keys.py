@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
@@ -35,9 +35,9 @@ class SyncPipeline(Protocol):
         mapping: Mapping[str, Value] | None = None,
     ) -> SyncPipeline: ...
 
-    def hdel(self, name: str, *keys: str) -> SyncPipeline: ...
-
     def hgetall(self, name: str) -> SyncPipeline: ...
+
+    def get(self, name: str) -> SyncPipeline: ...
 
     def sadd(self, name: str, *values: str) -> SyncPipeline: ...
 
@@ -167,6 +167,11 @@ class RedisClient(Protocol):
 
     def register_script(self, script: str) -> Script: ...
 
+    def transaction(self, func: Callable[[Any], None], *watches: str) -> list[Any]:
+        """WATCH ``watches``, call ``func`` with the pipeline (it reads, then calls ``multi()``
+        and queues its writes), EXEC; called again when a watched key changed meanwhile."""
+        ...
+
     def pipeline(self, transaction: bool = True) -> SyncPipeline: ...
 
     def ping(self) -> bool: ...
@@ -193,8 +198,8 @@ class Keys:
 
     def run_long(self, run_id: str) -> str:
         """The record's fields that run long (``LONG_FIELDS`` of worker/store/records.py:
-        the options, warnings, budget), a hash of their own: so that the record stays
-        Redis's compact listpack, which holds values of up to 64 bytes by default."""
+        the options, warnings, budget), one JSON object of their own: so that the record
+        stays Redis's compact listpack, which holds values of up to 64 bytes by default."""
         return f"{self.prefix}:run:{run_id}:long"
 
     def transcript(self, run_id: str) -> str:

@@ -132,8 +132,8 @@ def list_runs(
     cursor: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of ``tenant``'s runs that ``where`` keeps, newest first, and the cursor of the
-    next page (None at the end). ``decode`` turns a record hash into its typed dict, or None
-    for a hash that is no record."""
+    next page (None at the end). ``decode`` turns a record hash and its long fields' string
+    into its typed dict, or None for a hash that is no record."""
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput(f"limit must be 1 to {MAX_LIMIT}")
     facets = where.facets()
@@ -151,7 +151,7 @@ def list_runs(
         for (run_id, score), raw in zip(members, records, strict=True):
             examined += 1
             last = (score, run_id)
-            record = decode(run_id, raw) if raw else None
+            record = decode(run_id, *raw) if raw[0] else None
             if record is None:
                 gone.append(run_id)
             elif where.keeps(record):
@@ -182,15 +182,11 @@ def _newest(
         skip += count  # a run of equal scores longer than a batch: read further
 
 
-def _records(redis: Any, keys: Keys, run_ids: Sequence[str]) -> list[dict[str, str]]:
-    """Each run's record strings with its long fields (``records.merge``: the record's own
-    win)."""
+def _records(redis: Any, keys: Keys, run_ids: Sequence[str]) -> list[tuple[dict[str, str], str]]:
+    """Each run's record hash and its long fields' string (``records.merge`` joins them)."""
     pipe = redis.pipeline(transaction=False)
     for run_id in run_ids:
         pipe.hgetall(keys.run(run_id))
-        pipe.hgetall(keys.run_long(run_id))
+        pipe.get(keys.run_long(run_id))
     replies = pipe.execute()
-    return [
-        {**long, **record} if record else {}
-        for record, long in zip(replies[::2], replies[1::2], strict=True)
-    ]
+    return list(zip(replies[::2], replies[1::2], strict=True))

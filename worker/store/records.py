@@ -1,5 +1,5 @@
 """Run records: the hash ``harness:run:{run_id}`` (CONTRACT.md, "Run record"), and beside it
-``harness:run:{run_id}:long`` for the fields of :data:`LONG_FIELDS`.
+the string ``harness:run:{run_id}:long`` for the fields of :data:`LONG_FIELDS`.
 
 :class:`RunRecord` is the record, typed; its codec is the only code that turns its fields into
 Redis strings and back, by each field's declared type. :class:`RecordChanges` names what a
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.options.spec import RunOptions
 from worker.store import listing, lua, queued
-from worker.store.keys import Keys, RedisClient, SyncPipeline
+from worker.store.keys import Keys, RedisClient
 from worker.store.status import FINISH_MOVES, RunStatus
 
 CONTRACT_FIELDS = (
@@ -45,13 +45,15 @@ CONTRACT_FIELDS = (
     "last_error",
 )
 
-LONG_FIELDS = frozenset({"options", "warnings", "budget", "slot_wait", "egress_allow"})
-"""Fields kept in the run's ``Keys.run_long`` hash, not in its record: JSON that runs past 64
-bytes (the options ~500). Redis holds a hash whose every value is at most
+LONG_FIELDS = frozenset({"options", "warnings", "budget", "slot_wait"})
+"""Fields kept out of the run's record, in one JSON object (``Keys.run_long``, a string: each
+field's name to its value): JSON that runs past 64 bytes (the options ~500), written at the
+start or rarely after. Redis holds a hash whose every value is at most
 ``hash-max-listpack-value`` (64 by default) as a listpack, and turns it into a hash table for
 good at the first longer value: twice the memory of an idle run's record (row 10 of
-docs/performance.md). None is a field of the contract, none is read or written by a Lua
-script: :class:`RunStore` alone writes and reads them, with the record."""
+docs/performance.md); one string costs less than a hash of three long values. None is a field
+of the contract, none is read or written by a Lua script: :class:`RunStore` alone writes and
+reads them, with the record."""
 
 
 class RunRecord(BaseModel):
@@ -171,21 +173,22 @@ def encode(fields: Mapping[str, Any]) -> dict[str, str]:
     return {name: _CODECS[name][0](value) for name, value in fields.items()}
 
 
-def _write(pipe: SyncPipeline, keys: Keys, run_id: str, encoded: Mapping[str, str]) -> None:
-    """Queue the writes of these encoded fields: each of :data:`LONG_FIELDS` into the long
-    hash (deleted from it when unknown), every other one into the record."""
+def _split(encoded: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Encoded fields: those the record holds, and those of :data:`LONG_FIELDS`."""
     record = {name: text for name, text in encoded.items() if name not in LONG_FIELDS}
-    long = {name: text for name, text in encoded.items() if name in LONG_FIELDS}
-    if record:
-        pipe.hset(keys.run(run_id), mapping=record)
-    if not long:
-        return
-    known = {name: text for name, text in long.items() if text != ""}
-    unknown = [name for name, text in long.items() if text == ""]
-    if known:
-        pipe.hset(keys.run_long(run_id), mapping=known)
-    if unknown:
-        pipe.hdel(keys.run_long(run_id), *unknown)
+    return record, {name: text for name, text in encoded.items() if name in LONG_FIELDS}
+
+
+def _long_text(held: Mapping[str, Any], changes: Mapping[str, str]) -> str:
+    """The long fields' JSON object: ``held`` (decoded) with the encoded ``changes`` (an
+    unknown value, ``""``, drops its field)."""
+    values = dict(held)
+    for name, text in changes.items():
+        if text == "":
+            values.pop(name, None)
+        else:
+            values[name] = json.loads(text)
+    return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
 
 
 def _no_long_fields(changes: Mapping[str, Any]) -> dict[str, str]:
@@ -197,10 +200,15 @@ def _no_long_fields(changes: Mapping[str, Any]) -> dict[str, str]:
     return encode(changes)
 
 
-def merge(record: Mapping[str, str], long: Mapping[str, str]) -> dict[str, str]:
-    """A record's strings with its long fields (as worker/store/listing.py reads them too):
-    those the record itself holds win (a record written before it had the long hash)."""
-    return {**long, **record} if record else {}
+def merge(record: Mapping[str, str], long: str | None) -> dict[str, str]:
+    """A record's strings with its long fields, each value as JSON (worker/store/listing.py
+    reads them so too): those the record itself holds win (a record written before its long
+    fields moved out)."""
+    if not record:
+        return {}
+    values = json.loads(long) if long else {}
+    texts = {name: json.dumps(value, ensure_ascii=False) for name, value in values.items()}
+    return {**texts, **record}
 
 
 def _encode_text(value: Any) -> str:
@@ -252,7 +260,8 @@ _CODECS: dict[str, _Codec] = {
 }
 
 
-def _listed(run_id: str, raw: Mapping[str, str]) -> dict[str, Any] | None:
+def _listed(run_id: str, record: Mapping[str, str], long: str | None) -> dict[str, Any] | None:
+    raw = merge(record, long)
     if "status" not in raw:
         return None
     return RunRecord.decode({"run_id": run_id, **raw}).as_dict()
@@ -297,8 +306,10 @@ class RunStore:
             tenant=tenant,
             webhook_url=webhook_url,
         )
+        fields, long = _split(record.encode())
         pipe = self.redis.pipeline()
-        _write(pipe, self.keys, run_id, record.encode())
+        pipe.hset(self.keys.run(run_id), mapping=fields)
+        pipe.set(self.keys.run_long(run_id), _long_text({}, long))
         pipe.sadd(self.keys.runs_index(), run_id)
         listing.index_run(
             pipe,
@@ -340,9 +351,9 @@ class RunStore:
         return data
 
     def _read(self, run_id: str) -> dict[str, str]:
-        pipe = self.redis.pipeline()  # MULTI: the record and its long hash of one moment
+        pipe = self.redis.pipeline()  # MULTI: the record and its long fields of one moment
         pipe.hgetall(self.keys.run(run_id))
-        pipe.hgetall(self.keys.run_long(run_id))
+        pipe.get(self.keys.run_long(run_id))
         record, long = pipe.execute()
         return merge(record, long)
 
@@ -388,13 +399,22 @@ class RunStore:
         :mod:`worker.store.status`'s transitions."""
         if "status" in changes:
             raise ValueError("a run's status moves only by its transitions (worker.store.status)")
-        encoded = encode({**changes, "updated_at": time.time()})
-        pipe = self.redis.pipeline()
-        _write(pipe, self.keys, run_id, encoded)
-        moved = LONG_FIELDS.intersection(encoded)
-        if moved:  # from a record written before it had the long hash
-            pipe.hdel(self.keys.run(run_id), *moved)
-        pipe.execute()
+        fields, long = _split(encode({**changes, "updated_at": time.time()}))
+        if not long:
+            self.redis.hset(self.keys.run(run_id), mapping=fields)
+            return
+        record, long_key = self.keys.run(run_id), self.keys.run_long(run_id)
+
+        def change(pipe: Any) -> None:
+            # Read, changed and written back whole under WATCH: redis-py tries again when
+            # another write (of another long field) came in between.
+            held = pipe.get(long_key)
+            pipe.multi()
+            pipe.set(long_key, _long_text(json.loads(held) if held else {}, long), keepttl=True)
+            pipe.hset(record, mapping=fields)
+            pipe.hdel(record, *long)  # from a record written before they moved out
+
+        self.redis.transaction(change, long_key)
 
     def unbegin_turn(self, run_id: str, turn: int) -> bool:
         """Give back the number of a turn the broker never took (``unbegin_turn.lua``)."""
