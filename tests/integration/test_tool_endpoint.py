@@ -188,7 +188,14 @@ def test_a_wrong_token_another_runs_token_and_an_unattached_server_are_refused(f
     for token, server in (("wrong", "orders"), (other_token, "orders"), (fx.token, "tickets")):
         code, err = Harness(endpoint.tools.socket_path, token, server).close()
         assert code == 1 and "refused" in err
-    assert endpoint.drain() == []
+    endpoint.close()
+    said = [e.description for e in endpoint.drain()]  # type: ignore[union-attr]
+    assert said == [
+        "the run's MCP endpoint refused a connection: the run's credential was refused",
+        "the run's MCP endpoint refused a connection: the run's credential was refused",
+        "the run's MCP endpoint refused a connection: server 'tickets' is not attached to this run",
+        "MCP server orders was not loaded by the harness this turn: it never reached the run's endpoint",
+    ]
 
 
 def test_an_older_or_revoked_token_is_refused_on_every_call(fx: Fixture) -> None:

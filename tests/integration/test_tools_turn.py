@@ -3,6 +3,7 @@ the stdio-json MCP client, a tool set served from another thread over real Redis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -17,6 +18,7 @@ from typing import Any, cast
 import pytest
 import redis
 
+import adapters
 from config import load_settings
 from sandbox.local import LocalSandbox
 from worker.options.spec import RunOptions, TurnPayload, new_run_id
@@ -146,8 +148,15 @@ def test_a_run_may_attach_only_servers_the_operator_named(world: World) -> None:
     assert "not an MCP server of the operator's" in error["error"] and "ops" in error["error"]
 
 
-def test_a_harness_without_an_mcp_client_is_refused_tools(world: World) -> None:
-    run_id = world.run(harness="pi", tools=("orders",), executable=None)
+def test_a_harness_without_an_mcp_client_is_refused_tools(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every adapter has an MCP client now: the flag is turned off to see that it matters.
+    adapter = adapters.get("stdio-json")
+    monkeypatch.setattr(
+        adapter, "CAPABILITIES", dataclasses.replace(adapter.CAPABILITIES, mcp_client=False)
+    )
+    run_id = world.run(tools=("orders",))
     outcome = world.turn(run_id, "hello")
     [error] = [d for t, d in world.events(run_id) if t == "session-error"]
     assert outcome == "failed:invalid-input" and "mcp_client is false" in error["error"]

@@ -42,7 +42,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from adapters.events import TOOL_TEXT_LIMIT, Event, ToolCall, ToolResult
+from adapters.events import TOOL_TEXT_LIMIT, Event, SandboxActivity, ToolCall, ToolResult
 from worker.observe import metrics, tracing
 from worker.observe.masking import Masker
 from worker.permissions.requests import shown_input
@@ -122,6 +122,9 @@ class RunEndpoint:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._loaded: set[str] = set()
+        """The attached servers the harness connected to: one it never reached is reported
+        (a server the CLI failed to load is never silent)."""
         self._trace = tracing.capture()  # made in the turn's span: its calls' parent
 
     @property
@@ -153,6 +156,15 @@ class RunEndpoint:
             waiting, self._in_flight = dict(self._in_flight), {}
         for call_id, started in waiting.items():
             self._result(call_id, Reply(False, "the turn ended before the tool answered"), started)
+        for name in self.tools.servers:
+            if name not in self._loaded:
+                self._events.put(
+                    SandboxActivity(
+                        kind="tool",
+                        description=f"MCP server {name} was not loaded by the harness this "
+                        "turn: it never reached the run's endpoint",
+                    )
+                )
 
     def drain(self) -> list[Event]:
         events: list[Event] = []
@@ -211,9 +223,16 @@ class RunEndpoint:
             log.warning(
                 "tools.connection_refused", extra={"run_id": self.tools.run_id, "why": refusal}
             )
+            self._events.put(
+                SandboxActivity(
+                    kind="tool",
+                    description=f"the run's MCP endpoint refused a connection: {refusal}",
+                )
+            )
             writer.write(json.dumps({"ok": False, "error": refusal}).encode() + b"\n")
             await writer.drain()
             return None
+        self._loaded.add(server)  # type: ignore[arg-type]
         writer.write(b'{"ok": true}\n')
         await writer.drain()
         assert isinstance(token, str) and isinstance(server, str)
