@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from adapters import coerce, pi
+from adapters import coerce, pi, pi_mcp
 from adapters.asks import Ask, Decision
 from adapters.errors import error_event
 from adapters.events import Event
@@ -80,7 +80,9 @@ def build_command(request: TurnRequest) -> Command:
     path = f"{request.home.rstrip('/')}/{EXTENSION_PATH}"
     files[path] = EXTENSION
     argv += ["-e", path]
-    env["HARNESS_ASK_TOOLS"] = asked_tools(pi.tools_for(request), pi.allowed_outright(request))
+    asked = asked_tools(pi.tools_for(request), pi.allowed_outright(request))
+    # The run's attached tools are asked like any other under --posture ask.
+    env["HARNESS_ASK_TOOLS"] = ",".join([*filter(None, [asked]), *pi_mcp.tool_names(request)])
     prompt: dict[str, Any] = {"id": "harness-prompt", "type": "prompt", "message": request.input}
     images = [
         {"type": "image", "data": base64.b64encode(a.data).decode(), "mimeType": a.media_type}
