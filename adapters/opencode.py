@@ -166,6 +166,8 @@ def setup(request: TurnRequest) -> Setup:
             }
             for server in request.mcp_servers
         }
+        if request.posture == "ask":  # asked like any other tool (1.18.33 keys by tool name)
+            config["permission"].update({f"{s.name}_*": "ask" for s in request.mcp_servers})
     model = request.model
     env = {
         "OPENCODE_DISABLE_PROJECT_CONFIG": "1",

@@ -21,7 +21,7 @@ import pytest
 
 import adapters
 from adapters.events import Event
-from adapters.protocol import TurnRequest
+from adapters.protocol import McpServer, TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import ExecSpec, Placement
 from sandbox.local import LocalSandbox
@@ -84,10 +84,12 @@ def run_asked(
         permission_timeout_s: float = 60.0,
         placement: Placement | None = None,
         resume_session: str | None = None,
+        mcp_servers: tuple[McpServer, ...] = (),
+        secrets: dict[str, str] | None = None,
     ) -> AskedTurn:
         adapter = adapters.get(harness_id)
         placement = placement or live_placement()
-        granted = dict(DEFAULT_SECRETS.get(harness_id, {}))
+        granted = {**DEFAULT_SECRETS.get(harness_id, {}), **(secrets or {})}
         turn_request = TurnRequest(
             input=text,
             posture="ask",
@@ -98,6 +100,7 @@ def run_asked(
             home=placement.home,
             base_url=base_url_for(harness_id, fake_model),
             granted_env=frozenset(granted),
+            mcp_servers=mcp_servers,
         )
         command = adapter.build_command(turn_request)
         argv = _resolve(command.argv, lambda: request.getfixturevalue("clis"))

@@ -21,6 +21,11 @@ from adapters.protocol import TurnRequest
 from config import load_settings
 from sandbox.base import Placement
 from tests.conformance.conftest import DEFAULT_SECRETS, LiveTurn, RunLiveTurn
+from tests.conformance.test_permissions_live import (  # noqa: F401 (fixtures)
+    RunAsked,
+    _lua_in_fakeredis,
+    run_asked,
+)
 from tests.fakemodel.scenarios import MCP_FINAL_PREFIX, MCP_SERVER, MCP_TOOL
 from worker.deps import Shutdown, TurnDeps
 from worker.observe.masking import Masker
@@ -110,7 +115,10 @@ def assert_called_and_answered(turn: LiveTurn, events: list[Event]) -> None:
     """The tool ran once through the endpoint, the model's next request carried its result,
     and the answer used it."""
     first = turn.model_requests()[0].body or {}
-    offered = [t if t.get("type") == "tool_search" else (t.get("type"), t.get("name")) for t in first.get("tools") or []] or sorted(first)
+    offered = [
+        t if t.get("type") == "tool_search" else (t.get("type"), t.get("name"))
+        for t in first.get("tools") or []
+    ] or sorted(first)
     calls_made = [e for e in events if isinstance(e, ToolCall)]
     results = [e for e in events if isinstance(e, ToolResult)]
     assert [(c.server, c.tool, c.input) for c in calls_made] == [
@@ -134,3 +142,30 @@ def test_the_model_calls_the_attached_tool_and_answers_with_its_result(
         turn = run_live_turn(harness, request, placement=placement, secrets=secrets)
         events = served.drain()
     assert_called_and_answered(turn, events)
+
+
+ASKED = ["claude-code", "gemini", "opencode", "pi"]
+"""Codex 0.169.0's app-server asks for commands and patches, not for MCP tool calls: under
+--posture ask its attached tools run unasked (docs/mcp.md)."""
+
+
+@pytest.mark.parametrize("harness", ASKED)
+def test_under_posture_ask_the_attached_tool_is_asked_for_and_runs_once_allowed(
+    harness: str,
+    tools: Tools,
+    run_asked: RunAsked,  # noqa: F811 (the fixture, imported above)
+    live_placement: Any,
+) -> None:
+    placement = live_placement()
+    with tools.attached(harness, placement, posture="ask") as (request, secrets, served):
+        turn = run_asked(
+            harness, request.input, lambda pending: (True, False), placement=placement,
+            mcp_servers=request.mcp_servers, secrets=secrets,
+        )  # fmt: skip
+        events = served.drain()
+    asked = [f"{e.tool} {e.description}" for e in turn.of_type("permission-request")]  # type: ignore[attr-defined]
+    assert any(MCP_TOOL in text for text in asked), turn.events
+    assert [e.type for e in events if isinstance(e, ToolResult) and e.ok] == ["tool-result"], (
+        turn.events
+    )
+    assert turn.events[-1].type == "turn-complete", turn.events[-1]

@@ -101,3 +101,9 @@ def test_no_server_no_mcp_configuration(harness: str) -> None:
     built = adapters.get(harness).build_command(request)
     text = "\n".join([*built.argv, *built.env.values(), *built.files.values()])
     assert "mcp-bridge" not in text and "--mcp-config" not in built.argv
+
+
+def test_opencode_asks_for_attached_tools_under_posture_ask() -> None:
+    built = command("opencode", posture="ask")
+    config = json.loads(built.files[f"{HOME}/.config/opencode/opencode.json"])
+    assert config["permission"]["orders_*"] == "ask"
