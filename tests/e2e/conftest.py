@@ -34,6 +34,7 @@ import docker
 import pytest
 
 from adapters.events import EVENT_TYPES, TERMINAL_TYPES
+from bench.otlp_receiver import OtlpReceiver
 from sandbox.docker.gateway import remove_stale
 from tests.conftest import ROOT
 from tests.fakemodel import FakeModelServer, RecordedRequest
@@ -279,6 +280,8 @@ class Deployment:
     docker: Any
     forbidden: ForbiddenServer | None = None
     made: list[str] = field(default_factory=list)
+    traces: OtlpReceiver | None = None
+    """Where the worker exports its spans (it traces: tests/e2e/test_tracing_e2e.py)."""
 
     def cli_env(self) -> dict[str, str]:
         return {**os.environ, **self.env.vars, "PYTHONUNBUFFERED": "1"}
@@ -424,12 +427,15 @@ def deployment(
     fake = FakeModelServer(host=TEST_HOST, tls=test_ca.server_context(), name=MODEL_NAME)
     with fake:
         fake.forbidden_command = forbidden_command(forbidden.port)
-        worker = start_worker(env, **WORKER_SECRETS)
-        deployment = Deployment(env, worker, fake, env.client(), client, forbidden)
+        traces = OtlpReceiver()
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "500"}
+        worker = start_worker(env, extra_env=traced, **WORKER_SECRETS)
+        deployment = Deployment(env, worker, fake, env.client(), client, forbidden, traces=traces)
         try:
             yield deployment
         finally:
             worker.stop()
+            traces.close()
             forbidden.close()
             remove_gateway(client, env.prefix)
             for container in client.containers.list(
