@@ -198,6 +198,8 @@ def test_the_worker_checks_the_uploaded_bytes_again(
     assert refused.data["reason"] == "invalid-input"
     assert "HARNESS_ATTACH_MAX_BYTES" in refused.data["error"]
     assert generous.status(run_id)["status"] == "failed"
+    uploads = f"{env.prefix}:run:{run_id}:turn:*:attachment:*"
+    assert not list(env.redis().scan_iter(uploads))  # a refused turn's uploads are gone too
     # Bytes that are not what the message says (swapped in Redis after the client checked).
     client = env.client()
     original = client.workspace.upload_attachments

@@ -208,9 +208,17 @@ class _TurnRun:
     def refuse(self, error: SessionError, *, run_status: RunStatus = "idle") -> str:
         self.out.send([self.header])
         self.started()
+        self._discard_uploads()
         return _close(
             self.payload, self.out, self.life, error, run_status=run_status, final_text=None
         )
+
+    def _discard_uploads(self) -> None:
+        """A refused turn's attachments leave Redis now (the ones read already are gone)."""
+        deps, count = self.deps, len(self.payload.attachments)
+        if count:
+            keys = [deps.keys.attachment(self.run_id, self.turn, i) for i in range(count)]
+            self.wait(lambda: deps.redis.delete(*keys))
 
     # -- admit: cancelled, policy, input, budget; then the credential -----------------------
 
