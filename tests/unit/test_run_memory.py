@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, cast
 
 import fakeredis
@@ -134,8 +135,9 @@ def test_a_reader_blocked_on_the_stream_gets_the_terminal_and_then_waits_on(
 
     thread = threading.Thread(target=read, args=("1-1",))
     thread.start()
-    while client.info("clients")["blocked_clients"] < 1:
-        pass
+    deadline = time.monotonic() + 10
+    while client.info("clients")["blocked_clients"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert _end(store) == (True, "1-2")
     thread.join(10)
     assert [entry_id for entry_id, _ in got[0][0][1]] == ["1-2"]
