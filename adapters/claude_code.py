@@ -39,6 +39,7 @@ CAPABILITIES = Capabilities(
     model_selection=True,
     model_reporting=True,
     mcp_client=True,
+    mcp_ask=True,
     permission_ask=True,
     attachments="images",
     structured_output="native",

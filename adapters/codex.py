@@ -120,6 +120,9 @@ def _config(request: TurnRequest, sandbox_mode: str) -> str:
             f"command = {_toml(server.command[0])}",
             f"args = [{', '.join(_toml(a) for a in server.command[1:])}]",
             f"env_vars = [{', '.join(_toml(n) for n in server.env)}]",
+            # The app-server (--posture ask) would elicit each call, which it cannot do
+            # headless: approved here, and asked by the run's endpoint (mcp_ask false).
+            'default_tools_approval_mode = "approve"',
         ]
     return "\n".join(lines) + "\n"
 

@@ -37,6 +37,7 @@ CAPABILITIES = Capabilities(
     model_selection=True,
     model_reporting=True,
     mcp_client=True,
+    mcp_ask=True,
     permission_ask=True,
     attachments="images",
 )

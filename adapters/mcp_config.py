@@ -31,7 +31,5 @@ def common(
     return {"mcpServers": shaped}
 
 
-def common_json(
-    servers: Iterable[McpServer], env_value: Callable[[str], str] | None = None
-) -> str:
+def common_json(servers: Iterable[McpServer], env_value: Callable[[str], str] | None = None) -> str:
     return json.dumps(common(servers, env_value), indent=2, sort_keys=True)

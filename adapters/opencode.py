@@ -39,6 +39,7 @@ CAPABILITIES = Capabilities(
     model_selection=True,
     model_reporting=False,  # 1.18.33 names no model in its stream
     mcp_client=True,
+    mcp_ask=True,
     permission_ask=True,
     attachments="images",
 )

@@ -40,6 +40,7 @@ CAPABILITIES = Capabilities(
     # never the one the API says answered: an echo of the request, not a report.
     model_reporting=False,
     mcp_client=True,
+    mcp_ask=True,
     permission_ask=True,
     attachments="images",
 )

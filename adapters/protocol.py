@@ -145,6 +145,9 @@ class Capabilities:
     mcp_client: bool
     permission_ask: bool = False
     """The harness can hand a permission decision to us live (``--posture ask``)."""
+    mcp_ask: bool = False
+    """Under ``--posture ask`` the harness asks for each call of an attached MCP tool on its
+    own channel; where false, the run's MCP endpoint asks before it makes the call."""
     attachments: AttachmentChannel = "files"
     structured_output: StructuredChannel = "prompt"
 
@@ -161,6 +164,7 @@ class Capabilities:
             "model_reporting": self.model_reporting,
             "mcp_client": self.mcp_client,
             "permission_ask": self.permission_ask,
+            "mcp_ask": self.mcp_ask,
             "attachments": self.attachments,
             "structured_output": self.structured_output,
         }

@@ -86,6 +86,7 @@ def run_asked(
         resume_session: str | None = None,
         mcp_servers: tuple[McpServer, ...] = (),
         secrets: dict[str, str] | None = None,
+        model: str | None = None,
     ) -> AskedTurn:
         adapter = adapters.get(harness_id)
         placement = placement or live_placement()
@@ -93,7 +94,7 @@ def run_asked(
         turn_request = TurnRequest(
             input=text,
             posture="ask",
-            model=MODELS.get(harness_id),
+            model=model or MODELS.get(harness_id),
             turn=2 if resume_session else 1,
             resume_session=resume_session,
             workspace=placement.workspace,

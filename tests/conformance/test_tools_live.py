@@ -30,6 +30,7 @@ from tests.fakemodel.scenarios import MCP_FINAL_PREFIX, MCP_SERVER, MCP_TOOL
 from worker.deps import Shutdown, TurnDeps
 from worker.observe.masking import Masker
 from worker.options.spec import RunOptions
+from worker.permissions import requests as permissions
 from worker.store import credentials
 from worker.store.keys import Keys, SyncRedis
 from worker.tools import calls
@@ -145,8 +146,7 @@ def test_the_model_calls_the_attached_tool_and_answers_with_its_result(
 
 
 ASKED = ["claude-code", "gemini", "opencode", "pi"]
-"""Codex 0.169.0's app-server asks for commands and patches, not for MCP tool calls: under
---posture ask its attached tools run unasked (docs/mcp.md)."""
+"""The CLIs that ask for MCP calls themselves (mcp_ask); codex's are asked by the endpoint."""
 
 
 @pytest.mark.parametrize("harness", ASKED)
@@ -168,4 +168,48 @@ def test_under_posture_ask_the_attached_tool_is_asked_for_and_runs_once_allowed(
     assert [e.type for e in events if isinstance(e, ToolResult) and e.ok] == ["tool-result"], (
         turn.events
     )
+    assert turn.events[-1].type == "turn-complete", turn.events[-1]
+
+
+def test_under_posture_ask_codex_calls_are_asked_by_the_endpoint(
+    tools: Tools,
+    run_asked: RunAsked,  # noqa: F811 (the fixture, imported above)
+    live_placement: Any,
+) -> None:
+    """Codex 0.169.0 does not ask for MCP calls (mcp_ask false): the endpoint asks, in Redis
+    like any permission request, and makes the call once it is allowed."""
+    placement = live_placement()
+    stop = threading.Event()
+    answered: list[dict[str, Any]] = []
+
+    def answerer() -> None:
+        while not stop.is_set():
+            for pending in permissions.pending(tools.client, tools.keys, placement.run_id):
+                answered.append(
+                    permissions.answer(
+                        tools.client, tools.keys, placement.run_id, pending["request_id"],
+                        allow=True, by="live-test",
+                    )
+                )  # fmt: skip
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=answerer, daemon=True)
+    thread.start()
+    try:
+        with tools.attached("codex", placement, posture="ask") as (request, secrets, served):
+            turn = run_asked(
+                "codex", request.input, lambda pending: (True, False), placement=placement,
+                mcp_servers=request.mcp_servers, secrets=secrets, model=request.model,
+            )  # fmt: skip
+            events = served.drain()
+    finally:
+        stop.set()
+        thread.join(5)
+    asked = [e for e in events if e.type == "permission-request"]
+    assert [e.tool for e in asked] == [f"mcp__{MCP_SERVER}__{MCP_TOOL}"], (  # type: ignore[attr-defined]
+        events,
+        [e.model_dump() for e in turn.events[1:-1]],
+    )
+    assert [a["by"] for a in answered] == ["live-test"]
+    assert [e.ok for e in events if isinstance(e, ToolResult)] == [True], events
     assert turn.events[-1].type == "turn-complete", turn.events[-1]

@@ -249,3 +249,44 @@ def test_the_endpoint_opens_only_to_its_runs_live_token(
     late.close()
     calls = of(client, run_id, "tool-call")
     assert [c["tool"] for c in calls][:1] == ["lookup"]
+
+
+def wait_pending(client: HarnessClient, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pending = client.pending(run_id)
+        if pending:
+            return pending[0]
+        time.sleep(0.05)
+    raise AssertionError(f"nothing asked in {run_id}")
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_under_posture_ask_the_endpoint_asks_for_a_harness_that_does_not(
+    tools_env: Env, tools_worker: WorkerProcess, servers: Servers, allow: bool
+) -> None:
+    """stdio-json's harness does not ask for MCP calls (capability mcp_ask false): the
+    endpoint asks before it makes each one, as a permission request like any other."""
+    servers.start()
+    client = tools_env.client()
+    run_id = run(client, '@tool orders lookup {"order_id": 2}', posture="ask")
+    pending = wait_pending(client, run_id)
+    assert pending["tool"] == "mcp__orders__lookup" and '"order_id": 2' in pending["input"]
+    if allow:
+        client.approve(run_id, pending["request_id"], by="tester")
+    else:
+        client.deny(run_id, pending["request_id"], message="not this one", by="tester")
+    assert client.wait(run_id, 1, timeout=60).type == "turn-complete"
+    [decision] = of(client, run_id, "permission-decision")
+    assert decision["decision"] == ("allow" if allow else "deny") and decision["by"] == "tester"
+    [result] = of(client, run_id, "tool-result")
+    if allow:
+        assert result["ok"] and result["output"] == '{"id":2,"status":"shipped"}'
+    else:
+        assert not result["ok"] and result["output"] == "not this one"
+    types = [e.type for e in client.events(run_id)]
+    assert (
+        types.index("permission-request")
+        < types.index("permission-decision")
+        < types.index("tool-result")
+    )

@@ -166,6 +166,14 @@ def pending(client: SyncRedis, keys: Keys, run_id: str) -> list[dict[str, Any]]:
     return sorted(waiting, key=lambda r: (r.get("turn", 0), r.get("n", 0)))
 
 
+def close_request(
+    client: SyncRedis, keys: Keys, run_id: str, request_id: str, denial: str
+) -> tuple[str, str]:
+    """The worker denies one waiting request (past its deadline or at its turn's end): the
+    script's ``(status, detail)``, ``answered`` with the answer that got in first."""
+    return _answer(client, keys, run_id, request_id, denial, closing=True)
+
+
 def close_turn(client: SyncRedis, keys: Keys, run_id: str, turn: int, by: str) -> int:
     """Deny what a turn left pending (its worker was lost); returns how many."""
     closed = 0

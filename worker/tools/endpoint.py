@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import anyio
 import anyio.to_thread
@@ -79,6 +79,17 @@ class RunTools:
     """Whether a token is the run's live credential (blocking: it asks Redis)."""
     masker: Masker
     limits: ToolLimits = ToolLimits()
+    ask: Asker | None = None
+    """Under ``--posture ask``, for a harness that does not ask for MCP calls itself: asked
+    before each call (:mod:`worker.tools.asking`)."""
+
+
+class Asker(Protocol):
+    def __call__(self, server: str, tool: str, arguments: dict[str, Any]) -> str | None:
+        """None when the call may be made, else what the harness is told (blocks)."""
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Deny what still waits."""
 
 
 class EndpointLoop:
@@ -147,6 +158,8 @@ class RunEndpoint:
         if self._closed:
             return
         self._closed = True
+        if self.tools.ask is not None:
+            self.tools.ask.close()  # its denials are published before the terminal
         if self._server is not None:
             with contextlib.suppress(Exception):
                 self.loop.call(self._shutdown())
@@ -165,6 +178,10 @@ class RunEndpoint:
                         "turn: it never reached the run's endpoint",
                     )
                 )
+
+    def put(self, event: Event) -> None:
+        """Queue an event for the turn's stream (from any thread)."""
+        self._events.put(event)
 
     def drain(self) -> list[Event]:
         events: list[Event] = []
@@ -307,6 +324,12 @@ class RunEndpoint:
         if not await anyio.to_thread.run_sync(tools.verify, token):
             log.warning("tools.call_refused", extra={"run_id": tools.run_id, "server": name})
             return Reply(False, "the run's credential was refused: the call is not made")
+        if tools.ask is not None:
+            refused = await anyio.to_thread.run_sync(
+                tools.ask, name, tool, arguments, abandon_on_cancel=True
+            )
+            if refused is not None:
+                return Reply(False, refused)
         deadline = time.time() + tools.limits.timeout_s
         try:
             return await anyio.to_thread.run_sync(

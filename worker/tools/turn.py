@@ -28,6 +28,7 @@ from worker.permissions import rules
 from worker.store import credentials
 from worker.store.credentials import CREDENTIAL_ENV
 from worker.tools import bridge
+from worker.tools.asking import EndpointAsk
 from worker.tools.backend import Backend, BackendError, Reply
 from worker.tools.calls import RedisToolSet
 from worker.tools.endpoint import RunEndpoint, RunTools, ToolLimits
@@ -95,6 +96,7 @@ def serve(
     for name in options.mcp:
         backends[name] = Upstream(name, settings.mcp_servers[name])
     guarded = {name: _Denying(name, b, options.deny) for name, b in backends.items()}
+    asker = _asker(deps, run_id, turn, options, masker)
     endpoint = RunEndpoint(
         RunTools(
             run_id=run_id,
@@ -108,8 +110,11 @@ def serve(
                 settings.tool_result_max_chars,
                 settings.tool_calls_in_flight,
             ),
+            ask=asker,
         )
     )
+    if asker is not None:
+        asker.put = endpoint.put
     host_dir.mkdir(parents=True, exist_ok=True)
     host_dir.chmod(0o755)
     (host_dir / BRIDGE).write_text(BRIDGE_SOURCE)
@@ -128,6 +133,18 @@ def serve(
         yield TurnTools(endpoint, servers)
     finally:
         endpoint.close()
+
+
+def _asker(
+    deps: TurnDeps, run_id: str, turn: int, options: RunOptions, masker: Masker
+) -> EndpointAsk | None:
+    """Under ``--posture ask``, for a harness that does not ask for MCP calls itself."""
+    if options.posture != "ask" or adapters.get(options.harness).CAPABILITIES.mcp_ask:
+        return None
+    return EndpointAsk(
+        deps.redis, deps.keys, run_id, turn, timeout_s=deps.settings.permission_timeout_s,
+        masker=masker, put=lambda event: None, allow=options.allow, deny=options.deny,
+    )  # fmt: skip
 
 
 def _tool_names(backend: Backend) -> tuple[str, ...]:

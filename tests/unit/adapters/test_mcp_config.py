@@ -49,6 +49,7 @@ def test_codex_names_the_server_in_its_config_and_passes_the_credential_by_name(
         "command": "python3",
         "args": list(BRIDGE[1:]),
         "env_vars": ["HARNESS_RUN_TOKEN"],
+        "default_tools_approval_mode": "approve",
     }
 
 
