@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from tests.helpers import assert_one_terminal
 from tests.images import jpeg, png
+from tests.integration.api_server import ApiProcess, api, api_env, api_worker  # noqa: F401
 from tests.integration.conftest import DEMO, Env, WorkerProcess, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
 from worker.client import HarnessClient, StreamEvent
@@ -314,3 +316,28 @@ def test_in_a_container_the_harness_reads_its_attachments_in_the_workspace(
         ]
     finally:
         client.end(run_id, timeout=60)
+
+
+def test_the_http_api_takes_the_output_schema_and_returns_the_structured_result(
+    api: ApiProcess,  # noqa: F811
+) -> None:
+    with api.client("acme") as http:
+        body = {"harness": "stdio-json", "executable": DEMO, "output_schema": VERDICT_SCHEMA}
+        created = http.post("/v1/runs", json={**body, "input": '@complete {"verdict": "fine"}'})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["run_id"]
+        deadline = time.monotonic() + 60
+        terminal: dict[str, Any] | None = None
+        while terminal is None and time.monotonic() < deadline:
+            ended = [
+                e
+                for e in http.get(f"/v1/runs/{run_id}/events").json()
+                if e["type"] in ("turn-complete", "session-error")
+            ]
+            terminal = ended[0] if ended else None
+            time.sleep(0.1)
+        assert terminal is not None and terminal["type"] == "turn-complete", terminal
+        assert terminal["data"]["structured"] == {"verdict": "fine"}
+        refused = http.post("/v1/runs", json={**body, "input": "hi", "output_schema": {"type": 1}})
+        assert refused.status_code in (400, 422), refused.text
+        assert "not a valid JSON Schema" in refused.json()["error"]["message"]
