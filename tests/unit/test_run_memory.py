@@ -144,6 +144,24 @@ def test_a_reader_blocked_on_the_stream_gets_the_terminal_and_then_waits_on(
     assert not got[1]  # the stream written back is not news
 
 
+def test_a_redis_user_refused_restore_still_ends_the_turn(
+    store: RunStore, client: redis.Redis, private_redis: PrivateRedis
+) -> None:
+    client.acl_setuser(
+        "worker", enabled=True, nopass=True, categories=["+@all", "-@dangerous"], keys=["*"]
+    )
+    worker = redis.Redis(port=private_redis.port, username="worker", decode_responses=True)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.restore("x", 0, b"", replace=True)
+    _xadd(client, 3)
+    limited = RunStore(cast(Any, worker), KEYS, retention_s=600)
+    assert _end(limited) == (True, "1-3")
+    assert int(client.memory_usage(KEYS.events(RUN), samples=0) or 0) > 4096  # kept as it was
+    assert len(client.xrange(KEYS.events(RUN))) == 4
+    record = store.record(RUN)
+    assert (record.status, record.session_id) == ("idle", "s-1")
+
+
 def test_a_stream_of_several_nodes_keeps_its_entries(store: RunStore, client: redis.Redis) -> None:
     _xadd(client, 250)  # more than one node (stream-node-max-entries: 100)
     assert client.xinfo_stream(KEYS.events(RUN))["radix-tree-keys"] > 1

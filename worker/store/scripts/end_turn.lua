@@ -22,15 +22,15 @@
 -- ended: Redis allocates a stream's newest node at 4 KiB (stream-node-max-bytes, at most) and
 -- gives the slack back only when a next node begins, which an idle run never reaches (row 10
 -- of docs/performance.md). DUMP and RESTORE keep every entry, id, group and the TTL; a reader
--- blocked on the stream still gets what it waits for. Best effort: a Redis user without RESTORE
--- (an @dangerous command) keeps the node as it is.
+-- blocked on the stream still gets what it waits for. Best effort, once the turn's end is
+-- written (pcall): a Redis user refused DUMP or RESTORE (an @dangerous command) keeps the node.
 local function compact(stream)
   local info = redis.call('XINFO', 'STREAM', stream)
   for i = 1, #info, 2 do
     if info[i] == 'radix-tree-keys' then
       if info[i + 1] ~= 1 then return end
       local ttl = redis.call('PTTL', stream)
-      redis.pcall('RESTORE', stream, ttl > 0 and ttl or 0, redis.call('DUMP', stream), 'REPLACE')
+      redis.call('RESTORE', stream, ttl > 0 and ttl or 0, redis.call('DUMP', stream), 'REPLACE')
       return
     end
   end
@@ -68,7 +68,6 @@ end
 local id = turn .. '-' .. next_seq
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], id,
   'type', ARGV[9], 'data', ARGV[10], 'ts', ARGV[7])
-compact(KEYS[2])
 -- The owner's mark is dropped with its turn: the terminal now bars a later claim, a copy of the
 -- turn's message included (claim_turn.lua), so no key is kept per turn for the retention. A
 -- mark set for a turn no worker holds stays: whatever still waits to run it (a copy in the
@@ -92,4 +91,5 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
 end
+pcall(compact, KEYS[2])
 return {1, id}
