@@ -27,9 +27,12 @@ def test_a_cli_on_the_egress_network_calls_the_runs_tool(e2e: Deployment, harnes
         # Codex 0.169.0 defers MCP tools behind tool_search for a model it has metadata
         # for; the fake model is one it does not know, so the tools come at once.
         extra = ("--model", "fake-model") if harness.id == "codex" else ()
+        # A system prompt too: adapters write its file under HOME/.harness as the sandbox's
+        # user, beside the endpoint's directory (the worker's).
         followed = e2e.run(
-            harness, f"[scenario:mcp] status of order 7? {tag}", "--tools", "orders", *extra
-        )
+            harness, f"[scenario:mcp] status of order 7? {tag}", "--tools", "orders",
+            "--system-prompt", "Answer briefly.", *extra,
+        )  # fmt: skip
     finally:
         servers.stop()
     events = followed.events

@@ -126,7 +126,7 @@ def test_a_turn_calls_a_producer_tool_and_its_events_come_before_the_terminal(wo
     )
     assert types.index("tool-call") < types.index("tool-result") < types.index("turn-complete")
     home = world.root / "local" / "run" / run_id / ".home"
-    assert not (home / ".harness" / "mcp.sock").exists()  # the endpoint lives only in its turn
+    assert not (home / ".harness-endpoint" / "mcp.sock").exists()  # the endpoint lives only in its turn
     config = json.loads((home / ".harness-mcp.json").read_text())
     assert list(config["mcpServers"]) == ["orders"]
     assert (

@@ -231,7 +231,7 @@ def test_the_endpoint_opens_only_to_its_runs_live_token(
     older = token_of(root / run_id)
     client.submit_turn(run_id, "@run sh -c printenv>env2.txt\n@sleep 8")
     live = token_of(root / run_id, "env2.txt")
-    socket_path = root / run_id / ".home" / ".harness" / "mcp.sock"
+    socket_path = root / run_id / ".home" / ".harness-endpoint" / "mcp.sock"
     assert socket_path.exists()
     for refused in ("wrong", others_token, older):
         denied = Bridge(socket_path, refused)

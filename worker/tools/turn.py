@@ -36,8 +36,9 @@ from worker.tools.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-DIRECTORY = ".harness"
-"""Inside the run's HOME: the endpoint's socket and the bridge."""
+DIRECTORY = ".harness-endpoint"
+"""Inside the run's HOME: the endpoint's socket and the bridge, in a directory of the
+worker's (adapters write their own files under ``.harness``, as the sandbox's user)."""
 SOCKET = "mcp.sock"
 BRIDGE = "mcp-bridge.py"
 BRIDGE_SOURCE = Path(bridge.__file__).read_text()
