@@ -90,9 +90,11 @@ def test_who_decided_is_cut_to_a_closed_set() -> None:
 
 
 def test_tool_calls_and_webhooks_and_streams_have_their_metrics() -> None:
-    ok = sample("harness_tool_calls_total", server="orders", outcome="ok")
-    metrics.tool_called("orders", True, 0.2)
-    assert sample("harness_tool_calls_total", server="orders", outcome="ok") == ok + 1
+    ok = sample("harness_tool_calls_total", server="orders", tool="lookup", outcome="ok")
+    metrics.tool_called("orders", "lookup", True, 0.2)
+    assert (
+        sample("harness_tool_calls_total", server="orders", tool="lookup", outcome="ok") == ok + 1
+    )
     delivered = sample("harness_webhook_deliveries_total", outcome="delivered")
     metrics.webhook_delivered("delivered")
     assert sample("harness_webhook_deliveries_total", outcome="delivered") == delivered + 1

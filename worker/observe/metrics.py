@@ -104,8 +104,8 @@ PERMISSION_WAIT = Histogram(
 )
 TOOL_CALLS = Counter(
     "harness_tool_calls",
-    "Tool calls of the runs' MCP endpoints, by server and outcome (ok, error).",
-    ["server", "outcome"],
+    "Tool calls of the runs' MCP endpoints, by server (tool set), tool and outcome (ok, error).",
+    ["server", "tool", "outcome"],
 )
 TOOL_CALL_DURATION = Histogram(
     "harness_tool_call_seconds",
@@ -153,8 +153,8 @@ def permission_decided(decision: str, by: str, seconds: float) -> None:
     PERMISSION_WAIT.labels(decision).observe(max(0.0, seconds))
 
 
-def tool_called(server: str, ok: bool, seconds: float) -> None:
-    TOOL_CALLS.labels(server, "ok" if ok else "error").inc()
+def tool_called(server: str, tool: str, ok: bool, seconds: float) -> None:
+    TOOL_CALLS.labels(server, tool, "ok" if ok else "error").inc()
     TOOL_CALL_DURATION.labels(server).observe(max(0.0, seconds))
 
 

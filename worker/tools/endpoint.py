@@ -302,7 +302,7 @@ class RunEndpoint:
             with tracing.tool_span(name, tool, call_id, parent=self._trace) as span:
                 reply = await self._answer(token, name, backend, call_id, tool, arguments)
                 span.set_attribute("harness.tool.ok", reply.ok)
-            metrics.tool_called(name, reply.ok, time.monotonic() - started)
+            metrics.tool_called(name, tool, reply.ok, time.monotonic() - started)
             with self._lock:
                 if self._in_flight.pop(call_id, None) is None:
                     return reply  # the turn ended meanwhile: close() published the result
