@@ -123,7 +123,7 @@ _SECTION = "--harness-procs--"
 # Quoted apart in the script, so that the line ps prints for the script itself (its args)
 # does not hold the separator.
 _LISTING = (
-    f"ps -eo {PS_FORMAT}; echo '--harness-''procs--'; cat /proc/net/tcp 2>/dev/null; "
+    f"ps -eo {PS_FORMAT} || exit; echo '--harness-''procs--'; cat /proc/net/tcp 2>/dev/null; "
     "echo '--harness-''procs--'; cat /proc/net/tcp6 2>/dev/null"
 )
 

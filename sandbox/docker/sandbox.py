@@ -338,10 +338,14 @@ class DockerSandbox:
             container = self._containers.find(container_name(run_id))
         if container is None:
             raise SandboxGone(f"the container of run {run_id} is gone")
-        _code, out, _ = self._execs.run(
+        code, out, err = self._execs.run(
             container.id, processes_argv(), action="list the container's processes", run_id=run_id
         )
-        return parse_processes(out.decode("utf-8", "replace"))
+        listed = parse_processes(out.decode("utf-8", "replace"))
+        if code != 0 and not listed.processes:  # an image without ps
+            problem = err.decode("utf-8", "replace").strip()[:200] or f"exit code {code}"
+            raise SandboxError(f"cannot list the container's processes: {problem}")
+        return listed
 
     def diagnose(self, run_id: str) -> str | None:
         """Why the run's container cannot run turns: gone, OOM-killed, stopped, daemon down."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sandbox.base import ExecSpec, Placement, RunSpec
+from sandbox.base import ExecSpec, Placement, RunSpec, SandboxError
 from sandbox.docker.sandbox import DockerSandbox
 from tests.conftest import ROOT
 from tests.integration import docker_fixtures
@@ -81,3 +81,24 @@ def test_docker_lists_the_containers_processes_without_its_own_listing(
         assert "sleep 37" in listed.describe()
     finally:
         process.kill(grace=1)
+
+
+@pytest.mark.docker
+def test_an_image_without_ps_is_a_sandbox_error_not_an_empty_table(
+    docker_sandbox: DockerSandbox, docker_run: Callable[..., tuple[Placement, RunSpec]]
+) -> None:
+    import io
+
+    import docker
+
+    docker_fixtures.ensure_images(["gateway"])  # a Debian image without procps
+    tag = "harness-worker/test-no-ps:1"
+    dockerfile = f"FROM {docker_fixtures.IMAGES['gateway']}\nENTRYPOINT []\nUSER 1000:1000\n"
+    client = docker.from_env()
+    try:
+        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none")
+    finally:
+        client.close()
+    _, spec = docker_run(image=tag)
+    with pytest.raises(SandboxError, match="cannot list the container's processes"):
+        docker_sandbox.processes(spec.run_id)

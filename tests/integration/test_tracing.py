@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -224,3 +225,21 @@ def ancestors(span: ReceivedSpan, spans: list[ReceivedSpan]) -> list[str]:
         found.append(at)
         at = parents.get(at, "")
     return found
+
+
+def test_batched_spans_are_flushed_when_the_command_and_the_worker_exit(
+    env: Env, receiver: OtlpReceiver
+) -> None:
+    # A batch delay no test outlives: whatever arrives was flushed by the process's exit.
+    held = otel_env(receiver, OTEL_BSP_SCHEDULE_DELAY="600000")
+    worker = start_worker(env, extra_env=held)
+    try:
+        run_id = harness_run(env, held)
+        assert {s.name for s in receiver.spans} >= {"harness run", "HarnessClient.start_run"}
+        assert env.client().wait(run_id, 1, timeout=60).type == "turn-complete"
+        time.sleep(1)
+        assert "invoke_agent stdio-json" not in {s.name for s in receiver.spans}
+    finally:
+        worker.stop()
+    assert "invoke_agent stdio-json" in {s.name for s in receiver.spans}
+    assert "turn.internal_error" not in worker.logs()

@@ -68,6 +68,7 @@ from worker.store.status import RunStatus
 from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.turn import attempt, structured
 from worker.turn.life import TurnLife
+from worker.turn.stall import Stall
 from worker.workspace import attachments as workspace_attachments
 from worker.workspace import steps as workspace_steps
 
@@ -206,6 +207,10 @@ class _TurnRun:
         )
 
     def refuse(self, error: SessionError, *, run_status: RunStatus = "idle") -> str:
+        tracing.record_turn(
+            outcome=f"failed:{error.reason}", input_tokens=0, output_tokens=0, session_id=None,
+            model=None,
+        )  # fmt: skip
         self.out.send([self.header])
         self.started()
         self._discard_uploads()
@@ -414,12 +419,16 @@ class _TurnRun:
 
         # In the turn's span: the harness's own spans are its children.
         telemetry = harness_telemetry.for_turn(self.options.harness, settings)
+        stall = Stall(
+            sandbox, run_id, self.turn, lambda: out.last_event,
+            redis=deps.redis, keys=deps.keys, report_after_s=settings.stall_report_s,
+        )  # fmt: skip
 
         def one(req: TurnRequest, number: int) -> tuple[attempt.Outcome, StreamDriver]:
             with tracing.span("exec", {"harness.attempt": number}):
                 return _attempt(
                     self.adapter, req, sandbox, placement, secrets, out, limits, stop, number,
-                    self.started, gate, telemetry, self.header.trace_id,
+                    self.started, gate, telemetry, self.header.trace_id, stall,
                 )  # fmt: skip
 
         outcome, driver = one(request, 1)
@@ -643,6 +652,7 @@ def _attempt(
     gate: permissions.Gate | None = None,
     telemetry: harness_telemetry.ExecTelemetry | None = None,
     trace_id: str | None = None,
+    stall: Stall | None = None,
 ) -> tuple[attempt.Outcome, StreamDriver]:
     driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
     head = driver.start()
@@ -674,7 +684,7 @@ def _attempt(
     try:
         if gate is not None:
             gate.attach(adapter, driver.state, process)
-        outcome = attempt.drive(process, driver, out, limits, stop, gate)
+        outcome = attempt.drive(process, driver, out, limits, stop, gate, stall)
         log.info("harness.exited", extra={"attempt": number, "exit_code": outcome.exit_code})
     except SandboxError as exc:
         with contextlib.suppress(SandboxError):
