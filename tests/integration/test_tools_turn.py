@@ -21,6 +21,7 @@ import redis
 import adapters
 from config import load_settings
 from sandbox.local import LocalSandbox
+from worker.cli import render
 from worker.options.spec import RunOptions, TurnPayload, new_run_id
 from worker.store.keys import Keys, SyncRedis
 from worker.store.records import RunStore
@@ -125,8 +126,13 @@ def test_a_turn_calls_a_producer_tool_and_its_events_come_before_the_terminal(wo
         and result["output"] == '{"id":7,"status":"shipped"}'
     )
     assert types.index("tool-call") < types.index("tool-result") < types.index("turn-complete")
+    record = world.deps.store.record(run_id)
+    assert record.tool_calls == 1  # harness status shows it
+    assert ("tool_calls", "1") in render.record_rows(record.as_dict(), now=0.0)
     home = world.root / "local" / "run" / run_id / ".home"
-    assert not (home / ".harness-endpoint" / "mcp.sock").exists()  # the endpoint lives only in its turn
+    assert not (
+        home / ".harness-endpoint" / "mcp.sock"
+    ).exists()  # the endpoint lives only in its turn
     config = json.loads((home / ".harness-mcp.json").read_text())
     assert list(config["mcpServers"]) == ["orders"]
     assert (

@@ -107,6 +107,8 @@ class RunRecord(BaseModel):
     """While ``parked``: unix time at which the worker sends the turn again."""
     parks: int = 0
     """Times the run was parked in a row (reset by a turn that is not limited)."""
+    tool_calls: int = 0
+    """Calls the run's harness made to its tools (``--tools``, ``--mcp``), in all."""
     network: str | None = None
     """The network mode of the run's sandbox (``none``, ``bridge``, ``host``, ``egress``)."""
     egress_allow: list[str] | None = None
@@ -163,6 +165,7 @@ class RecordChanges(TypedDict, total=False):
     wall_s: float
     resume_at: float | None
     parks: int
+    tool_calls: int
     network: str | None
     egress_allow: list[str] | None
     slot_wait: dict[str, Any] | None

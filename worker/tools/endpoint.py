@@ -127,6 +127,9 @@ class RunEndpoint:
         self.loop = loop or EndpointLoop.shared()
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._numbers = itertools.count(1)
+        self.calls = 0
+        """The calls the harness made this turn (counted into the run record's
+        ``tool_calls``)."""
         self._in_flight: dict[str, float] = {}
         self._lock = threading.Lock()
         """Guards ``_in_flight``: a call ends on the loop's thread, close() on the turn's."""
@@ -287,6 +290,7 @@ class RunEndpoint:
     ) -> Reply:
         tools = self.tools
         call_id = f"t{tools.turn}-{next(self._numbers)}"
+        self.calls += 1
         text, size = shown_input(arguments, tools.masker)
         self._events.put(
             ToolCall(call_id=call_id, server=name, tool=tool, input=text, input_chars=size)

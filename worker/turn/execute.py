@@ -484,6 +484,10 @@ class _TurnRun:
                 self.out.tools = None
         if tools is not None:
             self.out.send(tools.drain())
+            if tools.endpoint.calls:  # harness status shows them
+                made = tools.endpoint.calls
+                held = self.wait(lambda: self.deps.store.record(self.run_id)).tool_calls
+                self.wait(lambda: self.deps.store.update(self.run_id, tool_calls=held + made))
 
     # -- finish: what the turn did, then its one terminal -----------------------------------
 
