@@ -367,9 +367,12 @@ def tool_span(
     server: str, tool: str, call_id: str, parent: object | None = None
 ) -> AbstractContextManager[SpanLike]:
     """A tool call's span, ``execute_tool {tool}``, for the code that handles it (``parent``:
-    the turn's context, :func:`capture`, when the call is handled on another thread)."""
+    the turn's context, :func:`capture`, when the call is handled on another thread). Inside
+    a span of the caller's own (the MCP SDK's ``tools/call``) it nests there instead."""
     if not _state.on:
         return NO_SPAN
+    if parent is not None and current().is_recording():
+        parent = None
     return span(
         f"execute_tool {tool}",
         {
