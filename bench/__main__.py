@@ -35,6 +35,7 @@ ROWS = {
     "10": "bench.row10_redis",
     "11": "bench.row11_tracing",
     "12": "bench.row12_api",
+    "13": "bench.row13_tools",
 }
 
 
