@@ -8,6 +8,7 @@ it lets the run go on. Resets are 1 to 3 seconds here; the defaults are a fleet'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -242,3 +244,26 @@ def test_a_parked_run_survives_the_death_of_its_worker(d: Deployment) -> None:
     started = d.turns(run_id)[2][0].ts
     assert started >= resume_at - 0.05
     assert_one_terminal_per_turn(d.turns(run_id))
+
+
+def test_a_parked_turn_s_retry_keeps_its_attachments_and_schema(
+    d: Deployment, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the spec\n")
+    schema = {"type": "object", "required": ["attachments"]}
+    run_id = d.run(
+        "@limit 1 rate-limited 1\n@attachments\n@answer-attachments",
+        attachments=[notes],
+        output_schema=schema,
+    )
+    parked = d.client.wait(run_id, 1, timeout=30)
+    assert parked.data["reason"] == "rate-limited"
+    done = d.client.wait(run_id, 2, timeout=30)
+    assert done.type == "turn-complete", done.data
+    # The retry found the same file, uploaded again for it, and its answer was validated.
+    texts = [e.data["text"] for e in d.turns(run_id)[2] if e.type == "assistant-text"]
+    digest = hashlib.sha256(b"the spec\n").hexdigest()
+    (text,) = texts
+    assert text.endswith(f"/.attachments/turn-2/notes.txt application/octet-stream 9 {digest}")
+    assert done.data["structured"]["attachments"][0]["sha256"] == digest

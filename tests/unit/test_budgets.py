@@ -267,11 +267,14 @@ def test_a_rate_limited_turn_parks_the_run_and_its_input_is_sent_again(world: Wo
     assert (record.status, record.current_turn, record.turns, record.parks) == ("parked", 2, 2, 1)
     assert record.resume_at == parked["resume_at"]
     ((payload, queue, countdown),) = SENT
+    payload = {**payload, "attachments": list(payload["attachments"])}
     assert payload == {
         "run_id": run_id,
         "turn": 2,
         "input": script,
         "not_before": parked["resume_at"],
+        "attachments": [],
+        "output_schema": None,
     }
     assert queue == "q" and 1.5 <= countdown <= 2.0
     queued = json.loads(world.client.get(world.keys.turn_queued(run_id, 2)) or "{}")

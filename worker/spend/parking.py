@@ -133,7 +133,12 @@ def park(
         return None  # no longer the run's current turn (cancelled, ended)
     queue = (deps.store.find(run_id) or record).queue or ""
     again = TurnPayload(
-        run_id=run_id, turn=next_turn, input=payload.input, not_before=resume_at
+        run_id=run_id,
+        turn=next_turn,
+        input=payload.input,
+        not_before=resume_at,
+        attachments=payload.attachments,  # uploaded again for it (worker/workspace/attachments)
+        output_schema=payload.output_schema,
     ).model_dump()
     QueuedTurn.first(again, queue, resume_at, resume_at=resume_at).write(
         deps.redis, deps.keys, run_id, next_turn, deps.settings.retention_s

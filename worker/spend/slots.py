@@ -38,10 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.events import TERMINAL_TYPES
 from worker.deps import TurnDeps
 from worker.observe import metrics
 from worker.options.spec import RunOptions, TurnPayload
 from worker.store import lua, queued
+from worker.store.publisher import last_seq
 from worker.store.status import EXECUTING
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,12 @@ class SlotWaiting:
         }
 
 
+def _ended(deps: TurnDeps, run_id: str, turn: int) -> bool:
+    """A turn its owner ended (its started mark is gone with it): a copy of its message is a
+    duplicate, which takes no slot and waits for none."""
+    return last_seq(deps.redis, deps.keys, run_id, turn)[1] in TERMINAL_TYPES
+
+
 def take(
     deps: TurnDeps,
     payload: TurnPayload,
@@ -148,8 +156,8 @@ def take(
         return NO_HOLD
     run_id, turn = payload.run_id, payload.turn
     who = member(run_id, turn)
-    if deps.redis.exists(deps.keys.turn_started(run_id, turn)):
-        # Taken, cancelled or closed already: the claim decides. A turn no worker runs any
+    if deps.redis.exists(deps.keys.turn_started(run_id, turn)) or _ended(deps, run_id, turn):
+        # Taken, cancelled, closed or ended already: the claim decides. A turn no worker runs any
         # more (cancelled while it waited) stops waiting, so it holds up nobody's place.
         if not deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
             scripts = lua.scripts(deps.redis)

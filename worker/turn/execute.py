@@ -218,6 +218,23 @@ class _TurnRun:
             self.payload, self.out, self.life, error, run_status=run_status, final_text=None
         )
 
+    def _carry_attachments(self, work: workspace_steps.RunWorkspace, next_turn: int) -> None:
+        """The parked retry gets this turn's attachments again (its message names them)."""
+        deps, refs = self.deps, self.payload.attachments
+        carried = self.wait(
+            lambda: workspace_attachments.carry(
+                workspace_steps.binary_client_for(deps.settings.redis_url),
+                deps.keys,
+                work,
+                self.turn,
+                next_turn,
+                refs,
+                deps.settings.retention_s,
+            )
+        )
+        if not carried:
+            log.warning("attachments.not_carried", extra={"run_id": self.run_id, "turn": self.turn})
+
     def _discard_uploads(self) -> None:
         """A refused turn's attachments leave Redis now (the ones read already are gone)."""
         deps, count = self.deps, len(self.payload.attachments)
@@ -532,6 +549,7 @@ class _TurnRun:
                 park_span.set_attributes({"harness.resume_at": parked.resume_at})
                 metrics.parked(self.options.harness, parked.reason)
         if parked is not None:
+            self._carry_attachments(work, parked.next_turn)
             out.send([parked.event])  # before the terminal: the turn's retry is scheduled
         spend = self.guard.changes()
         if not out.sessions and driver.state.session_id:

@@ -10,18 +10,20 @@ followed).
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Sequence
 
 from adapters.protocol import Attachment
 from config import Settings
 from sandbox.base import UnsafePath
-from sandbox.store.safe_fs import SafeWriter
+from sandbox.store.safe_fs import READ_FLAGS, SafeWriter
 from worker.errors import InvalidInput
 from worker.options import attachments as checks
 from worker.options.policy import attachment_limits
 from worker.options.spec import AttachmentRef
 from worker.store.keys import Keys
-from worker.store.transfer import BinaryRedis, read_bytes
+from worker.store.transfer import BinaryRedis, push_bytes, read_bytes
 from worker.workspace.steps import RunWorkspace
 
 
@@ -77,3 +79,36 @@ def place(
         )
         for ref, data in placed
     )
+
+
+def carry(
+    client: BinaryRedis,
+    keys: Keys,
+    work: RunWorkspace,
+    turn: int,
+    next_turn: int,
+    refs: Sequence[AttachmentRef],
+    ttl_s: int,
+) -> bool:
+    """Upload a turn's attachments again for ``next_turn`` (its parked retry), read back from
+    where :func:`place` wrote them, never through a link, each checked against its message's
+    SHA-256 (the agent may have changed it). False, and nothing uploaded, when one is gone or
+    changed: the retry is then refused as a turn whose attachment is gone."""
+    if not refs:
+        return True
+    found: list[bytes] = []
+    try:
+        with SafeWriter(work.path, work.uid, work.gid) as writer:
+            folder = writer.directory(turn_dir(turn), create=False)
+            for ref in refs:
+                fd = os.open(ref.name, READ_FLAGS, dir_fd=folder)
+                with os.fdopen(fd, "rb") as file:
+                    data = file.read(ref.size + 1)
+                if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+                    return False
+                found.append(data)
+    except (OSError, UnsafePath):
+        return False
+    for index, data in enumerate(found):
+        push_bytes(client, keys.attachment(work.run_id, next_turn, index), data, ttl_s)
+    return True
