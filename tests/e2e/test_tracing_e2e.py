@@ -44,3 +44,41 @@ def test_the_cli_runs_with_the_traceparent_of_its_turns_span(
         turn.attributes["gen_ai.conversation.id"]
         == e2e.client.status(followed.run_id)["session_id"]
     )
+
+
+def test_codex_loads_the_otel_table_the_worker_appends_to_its_config(clis_image_e2e: str) -> None:
+    """Codex reads its telemetry from config.toml only: the table must be one it accepts (a
+    table it refuses stops every turn with a config error)."""
+    import docker
+
+    from adapters import codex
+    from adapters.protocol import TurnRequest
+    from config import load_settings
+    from worker.observe import harness_telemetry
+
+    home = "/home/harness"
+    settings = load_settings(harness_telemetry=True, harness_telemetry_endpoint="http://c:4318")
+    request = TurnRequest(input="hi", workspace="/workspace", home=home)
+    _, files = harness_telemetry.for_turn("codex", settings).apply(
+        {}, codex.config_file(request, "read-only")
+    )
+    config = files[f"{home}/.codex/config.toml"]
+    assert "[otel]" in config
+    script = (
+        'mkdir -p "$HOME/.codex" && printf %s "$CONFIG" > "$HOME/.codex/config.toml" && '
+        "OPENAI_API_KEY=x timeout 20 codex exec --skip-git-repo-check hi 2>&1 | head -20"
+    )
+    client = docker.from_env()
+    try:
+        out = client.containers.run(
+            clis_image_e2e,
+            ["/bin/sh", "-c", script],
+            entrypoint=[],
+            environment={"CONFIG": config, "HOME": home},
+            network_mode="none",
+            remove=True,
+        ).decode()
+    finally:
+        client.close()
+    assert "Error loading config.toml" not in out, out
+    assert "OpenAI Codex" in out, out
