@@ -133,3 +133,28 @@ def test_collector_is_allowed_through_the_egress_gateway_while_telemetry_is_on()
     assert "otel.example.com:443" in egress_allowlist(settings, "claude-code", None)
     off = _settings(harness_telemetry_endpoint="https://otel.example.com")
     assert "otel.example.com:443" not in egress_allowlist(off, "claude-code", None)
+
+
+def test_the_harness_gets_traceparent_and_tracestate_of_the_current_span() -> None:
+    probe = (
+        "from opentelemetry import propagate\n"
+        "from worker.observe import tracing\n"
+        "assert tracing.setup()\n"
+        "ctx = propagate.extract({'traceparent': "
+        "'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'tracestate': 'acme=7'})\n"
+        "with tracing.span('turn', parent=ctx):\n"
+        "    env = tracing.harness_env()\n"
+        "    print(env['TRACEPARENT'].split('-')[1], env['TRACESTATE'], tracing.trace_id())\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(ROOT),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        "OTEL_TRACES_SAMPLER": "always_off",  # nothing to export to the closed port
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert done.stdout.split() == [trace, "acme=7", trace]
