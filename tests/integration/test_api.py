@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from tests.images import png
 from tests.integration.api_server import ApiProcess, api, api_env, api_worker, start_api  # noqa: F401
 from tests.integration.conftest import DEMO
 
@@ -311,8 +312,9 @@ def test_a_run_is_seeded_from_an_archive_sent_with_it(api: ApiProcess) -> None: 
         # The form's parts are checked as the JSON body is: the run's JSON, then both parts.
         bad = http.post("/v1/runs", files=_multipart({**run, "colour": "red"}, archive))
         assert bad.status_code == 422 and bad.json()["error"]["path"] == "body.colour"
-        alone = http.post("/v1/runs", files=_multipart(run, None))
-        assert alone.status_code == 400 and "'archive' part" in alone.json()["error"]["message"]
+        nameless = http.post("/v1/runs", files={"archive": ("seed.tar.gz", archive)})
+        assert nameless.status_code == 400
+        assert "'run' part" in nameless.json()["error"]["message"]
     spec = httpx.get(f"{api.url}/openapi.json").json()
     body = spec["paths"]["/v1/runs"]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "multipart/form-data"}
@@ -344,9 +346,71 @@ def test_an_archive_over_the_ceiling_is_413(api_env: Any, tmp_path: Any) -> None
         raw.putrequest("POST", "/v1/runs")
         raw.putheader("Authorization", f"Bearer {small.keys['acme']}")
         raw.putheader("Content-Type", "multipart/form-data; boundary=x")
-        raw.putheader("Content-Length", str(18 * 1024 * 1024 + 2001))
+        # (past the body limit, the archive's and the attachments' together: 25 MiB default)
+        raw.putheader("Content-Length", str(18 * 1024 * 1024 + 2001 + 25 * 1024 * 1024))
         raw.endheaders()
         assert raw.getresponse().status == 413
         raw.close()
     finally:
         small.stop()
+
+
+def test_a_run_and_a_turn_carry_files_and_a_turn_its_own_schema(
+    api: ApiProcess,  # noqa: F811
+) -> None:
+    image, notes = png(), b"the spec\n"
+    run = {**RUN, "input": "@attachments\n@complete seen"}
+    parts: list[tuple[str, Any]] = [
+        ("run", (None, json.dumps(run), "application/json")),
+        ("attachment", ("shot.png", image, "image/png")),
+        ("attachment", ("notes.txt", notes, "text/plain")),
+    ]
+    with api.client("acme") as http:
+        created = http.post("/v1/runs", files=parts)
+        assert created.status_code == 201, created.text
+        run_id = created.json()["run_id"]
+        assert wait_terminal(http, run_id, 1)["type"] == "turn-complete"
+        said = [
+            e["data"]["text"]
+            for e in http.get(f"/v1/runs/{run_id}/events").json()
+            if e["type"] == "assistant-text"
+        ]
+        for name, data, kind in (
+            ("shot.png", image, "image/png"),
+            ("notes.txt", notes, "application/octet-stream"),
+        ):
+            digest = hashlib.sha256(data).hexdigest()
+            assert any(
+                t.endswith(f"/.attachments/turn-1/{name} {kind} {len(data)} {digest}") for t in said
+            ), said
+        # A turn: its files beside its JSON, and a schema of its own that its answer meets.
+        turn = {"input": "@answer-attachments", "output_schema": {"type": "object"}}
+        sent = http.post(
+            f"/v1/runs/{run_id}/turns",
+            files=[
+                ("turn", (None, json.dumps(turn), "application/json")),
+                ("attachment", ("shot.png", image, "image/png")),
+            ],
+        )
+        assert sent.status_code == 202, sent.text
+        done = wait_terminal(http, run_id, 2)
+        assert done["type"] == "turn-complete", done
+        (found,) = done["data"]["structured"]["attachments"]
+        assert found["sha256"] == hashlib.sha256(image).hexdigest()
+        # A file that says it is an image and is not: refused, one JSON error, nothing sent.
+        lie = http.post(
+            f"/v1/runs/{run_id}/turns",
+            files=[
+                ("turn", (None, json.dumps({"input": "x"}), "application/json")),
+                ("attachment", ("fake.png", b"not a png at all", "image/png")),
+            ],
+        )
+        assert lie.status_code in (400, 422), lie.text
+        assert "fake.png" in lie.json()["error"]["message"]
+        assert http.get(f"/v1/runs/{run_id}").json()["turns"] == 2
+        # A plain JSON turn still works as before.
+        plain = http.post(f"/v1/runs/{run_id}/turns", json={"input": "@complete plain"})
+        assert plain.status_code == 202, plain.text
+    spec = httpx.get(f"{api.url}/openapi.json").json()
+    body = spec["paths"]["/v1/runs/{run_id}/turns"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "multipart/form-data"}

@@ -59,12 +59,14 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 class BodyLimit:
     """413 for a body over ``limit`` bytes, by its Content-Length or as it is read; a run
-    created with an archive (``POST /v1/runs``, multipart) may add ``archive`` bytes."""
+    created with an archive (``POST /v1/runs``, multipart) may add ``archive`` bytes, and a
+    run or turn with files (multipart) ``attachments`` bytes."""
 
-    def __init__(self, app: Any, limit: int, archive: int = 0) -> None:
+    def __init__(self, app: Any, limit: int, archive: int = 0, attachments: int = 0) -> None:
         self.app = app
         self.limit = limit
         self.archive = archive
+        self.attachments = attachments
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,10 +75,15 @@ class BodyLimit:
         headers = dict(scope.get("headers") or ())
         content_type = headers.get(b"content-type", b"").decode("latin-1")
         limit = self.limit
-        if (scope.get("method"), scope.get("path")) == ("POST", "/v1/runs") and (
-            uploads.is_multipart({"content-type": content_type})
+        path = str(scope.get("path", ""))
+        files = path == "/v1/runs" or (path.startswith("/v1/runs/") and path.endswith("/turns"))
+        if (
+            scope.get("method") == "POST"
+            and files
+            and uploads.is_multipart({"content-type": content_type})
         ):
-            limit += self.archive
+            limit += self.archive if path == "/v1/runs" else 0
+            limit += self.attachments
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             await errors.respond(
@@ -160,7 +167,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
         )
     app.add_middleware(
-        BodyLimit, limit=settings.api_max_body_bytes, archive=settings.archive_max_bytes
+        BodyLimit,
+        limit=settings.api_max_body_bytes,
+        archive=settings.archive_max_bytes,
+        attachments=settings.attach_max_total_bytes,
     )
     uploads.document(app)
     return app

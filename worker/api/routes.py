@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import tempfile
@@ -90,15 +91,16 @@ async def create_run(request: Request, tenant: TenantDep) -> Any:
     With a workspace archive: ``multipart/form-data``, a ``run`` part (that JSON) and an
     ``archive`` part (a tar, tar.gz or zip; at most HARNESS_ARCHIVE_MAX_BYTES, else 413)."""
     api = _api(request)
-    ceiling, part_max = api.settings.archive_max_bytes, api.settings.api_max_body_bytes
-    async with uploads.run_request(request, ceiling, part_max) as (body, archive):
+    async with uploads.run_request(request, api.settings) as (body, files):
         fields = body.model_dump(exclude_none=True)
         harness, text = fields.pop("harness"), fields.pop("input")
         webhook_url = fields.pop("webhook_url", None) or tenant.webhook_url
         producer = {**fields, "producer": tenant.name}
         options = apply_policy(tenant, harness, producer, api.settings)
-        if archive is not None:
-            options["archive"] = str(archive)
+        if files.archive is not None:
+            options["archive"] = str(files.archive)
+        if files.attachments:
+            options["attachments"] = files.attachments
         if webhook_url:
             await run_in_threadpool(webhooks.check_url, webhook_url, api.settings)
         run_id = await run_in_threadpool(
@@ -141,14 +143,23 @@ async def list_runs(
     "/v1/runs/{run_id}/turns",
     status_code=202,
     response_model=schemas.TurnAccepted,
-    responses=_errors(404, 409),
+    responses=_errors(404, 409, 413),
+    openapi_extra=uploads.TURN_REQUEST_BODY,
 )
-async def submit_turn(
-    request: Request, run_id: str, body: schemas.TurnCreate, tenant: TenantDep
-) -> Any:
-    """The run's next turn (409 while one is in flight, or once the run has ended)."""
+async def submit_turn(request: Request, run_id: str, tenant: TenantDep) -> Any:
+    """The run's next turn (409 while one is in flight, or once the run has ended). With
+    files: ``multipart/form-data``, a ``turn`` part (that JSON) and ``attachment`` parts."""
     api = await _owned(request, run_id, tenant)
-    turn = await run_in_threadpool(api.client.submit_turn, run_id, body.input)
+    async with uploads.turn_request(request, api.settings) as (body, files):
+        turn = await run_in_threadpool(
+            functools.partial(
+                api.client.submit_turn,
+                run_id,
+                body.input,
+                attachments=list(files.attachments) or None,
+                output_schema=body.output_schema,
+            )
+        )
     return {"run_id": run_id, "turn": turn}
 
 

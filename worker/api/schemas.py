@@ -58,6 +58,8 @@ class TurnCreate(BaseModel):
     model_config = _STRICT
 
     input: str
+    output_schema: dict[str, Any] | None = None
+    """This turn's JSON Schema for its answer, in place of the run's."""
 
 
 class TurnAccepted(BaseModel):
