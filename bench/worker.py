@@ -266,7 +266,7 @@ def start_worker(env: IsolatedEnv, *, log_level: str = "info", **overrides: str)
     if wait_until_consuming(r, env.keys, proc):
         return worker
     worker.stop()
-    raise RuntimeError(f"worker did not become ready:\n{worker.observe.logs()[-4000:]}")
+    raise RuntimeError(f"worker did not become ready:\n{worker.logs()[-4000:]}")
 
 
 def wait_until_consuming(

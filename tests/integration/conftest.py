@@ -106,9 +106,9 @@ def start_worker(
         if wait_until_consuming(r, env.keys, proc):
             return worker
     except RuntimeError as exc:
-        raise RuntimeError(f"worker exited at start:\n{worker.observe.logs()}") from exc
+        raise RuntimeError(f"worker exited at start:\n{worker.logs()}") from exc
     worker.stop()
-    raise RuntimeError(f"worker did not become ready:\n{worker.observe.logs()}")
+    raise RuntimeError(f"worker did not become ready:\n{worker.logs()}")
 
 
 @pytest.fixture
