@@ -292,6 +292,9 @@ class Settings(BaseSettings):
     """Origins a browser may call the API from; none (the default) sends no CORS headers."""
     api_read_batch: int = Field(256, gt=0, le=4096)
     """Run streams one XREAD of the shared stream reader names at most."""
+    api_metrics_port: int = Field(0, ge=0, le=65535)
+    """Where the API process serves its Prometheus ``/metrics`` (open event streams, webhook
+    deliveries), on HARNESS_METRICS_ADDR; 0 (the default): not served."""
     webhook_schemes: CommaList = ("https",)
     """Schemes a webhook URL may use (``http``, ``https``)."""
     webhook_hosts: CommaList = ("*",)

@@ -15,7 +15,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.api_server import ApiProcess, api, api_env, api_worker  # noqa: F401
+from tests.integration.api_server import (  # noqa: F401
+    ApiProcess,
+    api,
+    api_env,
+    api_worker,
+    free_port,
+    start_api,
+)
 from tests.integration.conftest import Env
 from tests.integration.test_api import start, wait_terminal
 
@@ -189,3 +196,42 @@ def test_hundreds_of_streams_share_one_reader_and_few_redis_connections(
     print(f"redis connections with {runs_n * per_run} open streams: {counted}")
     # 300 open streams over 30 runs; the API process holds a handful of Redis connections.
     assert 0 < counted["api"] <= 16, counted
+
+
+def _open_streams(metrics_url: str) -> float:
+    text = httpx.get(metrics_url, timeout=5).text
+    (line,) = [x for x in text.splitlines() if x.startswith("harness_event_streams_open ")]
+    return float(line.split()[1])
+
+
+def test_the_api_counts_its_open_streams_on_its_metrics_port(
+    api_env: Env,  # noqa: F811
+    api_worker: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    served = start_api(
+        api_env,
+        name="metrics",
+        HARNESS_API_METRICS_PORT=str(port),
+        HARNESS_METRICS_ADDR="127.0.0.1",
+        HARNESS_TENANTS_FILE=str(tmp_path / "tenants.json"),
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        served.add_tenant("acme")
+        assert _open_streams(url) == 0
+        with served.client("acme") as http:
+            run_id = start(http, "@sleep 3\n@complete counted")
+            with http.stream("GET", f"/v1/runs/{run_id}/events/stream") as response:
+                assert response.status_code == 200
+                deadline = time.monotonic() + 10
+                while _open_streams(url) != 1 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert _open_streams(url) == 1
+            deadline = time.monotonic() + 10
+            while _open_streams(url) != 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _open_streams(url) == 0
+    finally:
+        served.stop()

@@ -28,7 +28,7 @@ from worker.api.sse import StreamHub
 from worker.api.tenants import TenantRegistry
 from worker.api.webhooks import Dispatcher
 from worker.client import HarnessClient
-from worker.observe import tracing
+from worker.observe import metrics, tracing
 from worker.store.keys import Keys
 
 log = logging.getLogger("worker.api")
@@ -115,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        metrics.serve(settings.api_metrics_port, settings.metrics_addr)
         pool = aioredis.Redis(
             connection_pool=aioredis.BlockingConnectionPool.from_url(
                 settings.redis_url,

@@ -23,7 +23,9 @@ from typing import Any
 import redis
 
 from adapters.events import TERMINAL_TYPES
+from worker.observe import metrics
 from worker.store.keys import Keys
+from worker.store.status import FINISHED
 
 log = logging.getLogger("worker.api.sse")
 
@@ -33,7 +35,6 @@ _END = ("", "", "")
 QUEUE_MAX = 10_000
 """Entries a client may fall behind by; past it its stream is closed (it resumes with
 ``Last-Event-ID``) rather than held in memory."""
-FINISHED = ("ended", "failed")
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:
@@ -124,6 +125,7 @@ class StreamHub:
         upto = run.cursor if entry_key(after) < entry_key(run.cursor) else None
         sub = Subscription(run_id, run.key, asyncio.Queue(QUEUE_MAX), after, upto)
         run.subscribers.add(sub)
+        metrics.event_stream_opened()
         return sub
 
     async def backlog(self, sub: Subscription) -> AsyncIterator[Entry]:
@@ -141,9 +143,10 @@ class StreamHub:
 
     def unsubscribe(self, sub: Subscription) -> None:
         run = self._runs.get(sub.run_id)
-        if run is None:
+        if run is None or sub not in run.subscribers:
             return
         run.subscribers.discard(sub)
+        metrics.event_stream_closed()
         if not run.subscribers:
             del self._runs[sub.run_id]
             self._by_key.pop(run.key, None)
@@ -198,7 +201,9 @@ class StreamHub:
                     self._close(run, sub)
 
     def _close(self, run: _Run, sub: Subscription) -> None:
-        run.subscribers.discard(sub)
+        if sub in run.subscribers:
+            run.subscribers.discard(sub)
+            metrics.event_stream_closed()
         while not sub.queue.empty():
             sub.queue.get_nowait()
         sub.queue.put_nowait(_END)

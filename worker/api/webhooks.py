@@ -31,7 +31,9 @@ from config import Settings
 from sandbox.store.seeding import SeedError, check_repo_url
 from worker.api.tenants import TenantRegistry
 from worker.errors import InvalidInput
+from worker.observe import metrics
 from worker.store.keys import Keys
+from worker.store.status import FINISHED
 
 log = logging.getLogger("worker.api.webhooks")
 
@@ -40,7 +42,7 @@ MAX_BACKOFF_S = 600.0
 END_GRACE_S = 5.0
 """A run's end is delivered this long after its record says so (its last terminal event is
 written after the record: the scan delivers it first)."""
-FINISHED = ("ended", "failed")
+
 
 _CLAIM = """
 local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -196,6 +198,7 @@ class Dispatcher:
         try:
             await run_in_threadpool(check_url, url, self.settings)
         except InvalidInput as exc:
+            metrics.webhook_delivered("refused")
             await self._drop(msg_id, str(exc))
             return False
         timestamp = int(self.clock())
@@ -219,6 +222,7 @@ class Dispatcher:
             why = f"status {response.status_code}"
         except httpx.HTTPError as exc:
             ok, why = False, repr(exc)
+        metrics.webhook_delivered("delivered" if ok else "failed")
         if ok:
             pipe = self.redis.pipeline(transaction=True)
             pipe.zrem(self.keys.webhooks("due"), msg_id)
