@@ -302,3 +302,13 @@ def test_closing_answers_what_waits_and_removes_the_socket(fx: Fixture) -> None:
     assert [e.type for e in events] == ["tool-call", "tool-result"]
     assert not events[1].ok and "turn ended" in events[1].output  # type: ignore[union-attr]
     harness.close()
+
+
+def test_the_bridge_exits_cleanly_when_its_endpoint_goes_away(fx: Fixture) -> None:
+    endpoint = fx.endpoint()
+    harness = Harness(endpoint.tools.socket_path, fx.token)
+    harness.initialize()
+    endpoint.close()  # the turn is over: its endpoint stops
+    assert harness.proc.wait(10) == 0
+    assert harness.proc.stderr is not None
+    assert "Fatal Python error" not in harness.proc.stderr.read().decode()

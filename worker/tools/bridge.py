@@ -66,4 +66,9 @@ def main(argv: "list[str]") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: the relay thread may be blocked in a read of stdin, holding its buffer's
+    # lock, and the interpreter's shutdown would then abort ("_enter_buffered_busy").
+    os._exit(code)
