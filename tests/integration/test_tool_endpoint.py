@@ -3,6 +3,7 @@ socket, the bridge as a child process, a tool server on real Redis, the run's cr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -147,7 +148,9 @@ class Harness:
 
     def close(self) -> tuple[int, str]:
         if self.proc.stdin:
-            self.proc.stdin.close()
+            # The bridge may be gone already: it exits once its endpoint closes the socket.
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
         code = self.proc.wait(10)
         err = self.proc.stderr.read().decode() if self.proc.stderr else ""
         return code, err

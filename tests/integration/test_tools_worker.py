@@ -5,6 +5,7 @@ refusing a wrong token, another run's, an older one and one after ``end``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -199,7 +200,9 @@ class Bridge:
 
     def close(self) -> str:
         if self.proc.stdin:
-            self.proc.stdin.close()
+            # The bridge may be gone already: it exits once its endpoint closes the socket.
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
         self.proc.wait(10)
         return self.proc.stderr.read().decode() if self.proc.stderr else ""
 
