@@ -220,15 +220,11 @@ def test_a_budget_of_a_few_tokens_stops_the_turn_midway_and_raising_it_resumes(
 ) -> None:
     word = nonce()
     # The final answer is held back 5 s: the budget is crossed before it, whatever the load.
-    # The shell tool is the scenario's: every CLI offers it under dangerous (pi's auto has none,
-    # and its turn would be one answer that a race decides).
+    # The shell tool is the scenario's: pi offers one only under dangerous (its auto posture has
+    # none, and its turn would be one answer that a race decides); the others under auto.
+    posture = ("--posture", "dangerous") if harness.id == "pi" else ()
     followed = e2e.run(
-        harness,
-        f"[scenario:tool] [final-delay:5] {word}",
-        "--max-tokens",
-        "5",
-        "--posture",
-        "dangerous",
+        harness, f"[scenario:tool] [final-delay:5] {word}", "--max-tokens", "5", *posture
     )
     terminal = followed.terminal["data"]
     assert terminal["reason"] == "budget", followed.describe()
