@@ -4,13 +4,21 @@
 :class:`FastImport` wraps one ``git fast-import`` that writes a snapshot's new blobs and its
 commit in a single pass; :func:`ls_tree` lists a commit's tree. All run through
 :mod:`sandbox.store.git_run`, hardened, against the store only.
+
+:func:`write_commit` and :func:`write_ref` write a commit whose tree the store already holds,
+and a ref, without a process, in git's own formats (a zlib-compressed loose object; a ref file
+holding the id, renamed into place from ``<ref>.lock``): the store is a bare repository only
+the worker writes, under its lock, with no packed refs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import subprocess
 import threading
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -143,6 +151,45 @@ def quote_path(path: str) -> bytes:
     return bytes(out + b'"')
 
 
+def identity(when: int) -> bytes:
+    return b"harness-worker <harness-worker@localhost> %d +0000" % when
+
+
+def write_commit(git_dir: Path, tree: str, parent: str | None, message: str, when: int) -> str:
+    """Write the commit object (as :class:`FastImport` would: same header, message verbatim)
+    and return its id."""
+    who = identity(when)
+    body = b"tree %s\n" % tree.encode()
+    if parent is not None:
+        body += b"parent %s\n" % parent.encode()
+    body += b"author %s\ncommitter %s\n\n" % (who, who)
+    body += message.encode("utf-8", "surrogateescape")
+    data = b"commit %d\0" % len(body) + body
+    oid = hashlib.sha1(data, usedforsecurity=False).hexdigest()
+    folder = git_dir / "objects" / oid[:2]
+    target = folder / oid[2:]
+    if not target.exists():
+        folder.mkdir(exist_ok=True)
+        _write_replace(folder / f"tmp_obj_{oid[2:]}", target, zlib.compress(data, 1), 0o444)
+    return oid
+
+
+def write_ref(git_dir: Path, ref: str, oid: str) -> None:
+    """Point the loose ref ``ref`` (``refs/...``) at ``oid``."""
+    target = git_dir / ref
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write_replace(target.with_name(target.name + ".lock"), target, oid.encode() + b"\n", 0o644)
+
+
+def _write_replace(temporary: Path, target: Path, data: bytes, mode: int) -> None:
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(temporary, target)
+
+
 class FastImport:
     """One ``git fast-import --done``: blobs first (marked), then one commit.
 
@@ -161,6 +208,8 @@ class FastImport:
         self._out: IO[bytes] = self.proc.stdout
         self._marks: dict[str, int] = {}
         self._next = 1
+        self.tree = ""
+        """The tree of the commit written, once :meth:`commit` returned."""
 
     def blob(self, oid: str, data: bytes) -> None:
         if oid in self._marks:
@@ -185,7 +234,7 @@ class FastImport:
         """Write the commit (``modifies``: path, mode, blob id) and return its id."""
         mark = self._next
         self._next += 1
-        who = b"harness-worker <harness-worker@localhost> %d +0000" % when
+        who = identity(when)
         text = message.encode("utf-8", "surrogateescape")
         lines = [b"commit %s\nmark :%d\nauthor %s\ncommitter %s\n" % (ref.encode(), mark, who, who)]
         lines.append(b"data %d\n%s\n" % (len(text), text))
@@ -198,13 +247,16 @@ class FastImport:
             lines.append(b"M %s %s %s\n" % (mode.encode(), ref_text, quote_path(path)))
         lines.append(b"\n")
         lines.extend(b"reset %s\nfrom :%d\n\n" % (r.encode(), mark) for r in extra_refs)
-        lines.append(b"get-mark :%d\n" % mark)
+        lines.append(b'get-mark :%d\nls :%d ""\n' % (mark, mark))
         self._in.write(b"".join(lines))
         self._in.flush()
         answer = self._out.readline().strip()
+        listing = self._out.readline().split()
         if len(answer) != 40:
             self.abort()
             raise GitError(f"fast-import did not write the commit: {self._stderr()}")
+        if len(listing) >= 3 and listing[1] == b"tree" and len(listing[2]) == 40:
+            self.tree = listing[2].decode()
         self._in.write(b"done\n")
         self._in.close()
         if self.proc.wait(timeout=120) != 0:

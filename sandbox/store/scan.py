@@ -28,6 +28,12 @@ real blob is recorded, so turn 0 equals the seed and a push never replaces it.
 counting its placeholder) and a deadline: the first one hit stops the walk; the result says
 ``complete=False`` and why, and the caller keeps the previous record of whatever was not
 reached.
+
+**Rescan.** With a :class:`Record` of a complete walk and the directories changed since (see
+:mod:`sandbox.store.watch`), :meth:`Scanner.rescan` lists only those directories, without
+descending, and keeps every other entry of the record; what it cannot be sure of (a directory
+it cannot open component by component, a subdirectory that appeared, vanished or changed kind,
+a bound reached) raises :class:`Unsure`, and the caller walks the whole tree.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from sandbox.store.safe_fs import DIR_FLAGS, READ_FLAGS, open_root
+from sandbox.store.safe_fs import DIR_FLAGS, READ_FLAGS, open_root, split
 
 DEFAULT_IGNORE: tuple[str, ...] = ("/.home", ".git")
 """The harness's HOME (vendor sessions, never part of the work) and every git directory."""
@@ -129,6 +135,57 @@ class ScanResult:
     complete: bool = True
     note: str = ""
     files_read: int = 0
+    total: int = 0
+    """The sum of the sizes recorded (what ``max_total_bytes`` bounds)."""
+    opaque: bool = False
+    """A directory could not be entered (its contents are unknown, not just skipped)."""
+
+
+@dataclass
+class Record:
+    """What a complete walk (or a rescan after it) found, kept in memory to rescan only the
+    directories that changed. Treated as immutable: :meth:`Scanner.rescan` builds a new one."""
+
+    entries: dict[str, Entry]
+    dirs: list[str]
+    subdirs: dict[str, frozenset[str]]
+    """Directory ("" the root) -> its child directories' paths."""
+    names: dict[str, list[str]]
+    """Directory -> the paths of its files and links."""
+    large: frozenset[str]
+    skipped: frozenset[str]
+    untrusted: frozenset[str]
+    """Directories holding an entry read within the racy window (rescanned every time)."""
+    total: int
+
+    @classmethod
+    def of(cls, result: ScanResult) -> Record | None:
+        """The record of a walk that read the whole tree, else None."""
+        if not result.complete or result.opaque:
+            return None
+        subdirs: dict[str, set[str]] = {"": set()}
+        for directory in result.dirs:
+            subdirs.setdefault(directory, set())
+            subdirs.setdefault(directory.rpartition("/")[0], set()).add(directory)
+        names: dict[str, list[str]] = {d: [] for d in subdirs}
+        untrusted = set()
+        for path, entry in result.entries.items():
+            parent = path.rpartition("/")[0]
+            siblings = names.get(parent)
+            if siblings is None:
+                return None  # an entry in a directory the walk did not list (a restore made it)
+            siblings.append(path)
+            if not entry[7]:
+                untrusted.add(parent)
+        return cls(
+            result.entries, list(result.dirs), {d: frozenset(s) for d, s in subdirs.items()},
+            names, frozenset(result.large), frozenset(result.skipped), frozenset(untrusted),
+            result.total,
+        )  # fmt: skip
+
+
+class Unsure(Exception):
+    """A rescan cannot vouch for its result: walk the whole tree."""
 
 
 BlobSink = Callable[[str, bytes], None]
@@ -158,11 +215,18 @@ class Scanner:
         rules: IgnoreRules,
         sink: BlobSink,
         fresh: Mapping[str, Entry] = {},
+        on_dir: Callable[[int, str], None] | None = None,
     ) -> None:
         """``fresh``: entries the worker itself wrote moments ago with nothing else writing
         (a seed), their blobs already in the store; a file whose stat still matches is taken
-        as is, inside the racy window too, and kept trusted only if outside it."""
+        as is, inside the racy window too, and kept trusted only if outside it.
+
+        ``on_dir(fd, path)`` is called with every directory's descriptor before it is listed
+        (``path`` "" for the root): where a watch is added."""
         self.fresh = fresh
+        self.on_dir = on_dir
+        self.recurse = True
+        self.found_dirs: list[str] = []
         self.cache: Mapping[str, Entry] = previous
         if fresh:
             self.cache = {**previous, **{p: e._replace(trusted=True) for p, e in fresh.items()}}
@@ -183,6 +247,7 @@ class Scanner:
             self.result.note = str(stop)
         finally:
             os.close(fd)
+        self.result.total = self.total
         entries = self.result.entries
         for path, entry in self.fresh.items():
             if entries.get(path) is self.cache[path]:
@@ -194,6 +259,8 @@ class Scanner:
     def _walk(self, fd: int, prefix: str) -> None:
         # The hot loop of every snapshot, once per file: the unchanged regular file is handled
         # inline with lookups hoisted (a method call per file costs as much as its lstat).
+        if self.on_dir is not None:
+            self.on_dir(fd, prefix[:-1])
         with os.scandir(fd) as it:
             children = sorted(it, key=_name)
         result = self.result
@@ -237,10 +304,14 @@ class Scanner:
                 else:
                     self._file(fd, name, path, st)
             elif kind == stat.S_IFDIR:
+                if not self.recurse:
+                    self.found_dirs.append(path)
+                    continue
                 try:
                     sub = os.open(name, DIR_FLAGS, dir_fd=fd)
                 except OSError:
                     result.skipped.append(path)  # swapped for a link, or gone
+                    result.opaque = True
                     continue
                 try:
                     result.dirs.append(path)
@@ -251,6 +322,77 @@ class Scanner:
                 self._link(fd, name, path, st)
             else:
                 result.skipped.append(path)
+
+    def rescan(
+        self, root: Path, record: Record, dirs: Iterable[str], max_files: int, max_bytes: int
+    ) -> tuple[ScanResult, Record, list[str]]:
+        """The whole tree's result from ``record`` with ``dirs`` listed again (not descended):
+        (the result, the new record, every path whose entry may have changed). The scanner's
+        own bounds must not stop it: the whole tree's (``max_files``, ``max_bytes``) are
+        checked here. :class:`Unsure` when the result could differ from a full walk's."""
+        self.recurse = False
+        dirty = sorted(set(dirs) | record.untrusted)
+        fd = open_root(root)
+        try:
+            for directory in dirty:
+                known = record.subdirs.get(directory)
+                if known is None:
+                    raise Unsure(f"/{directory} is not a directory the walk knows")
+                sub = _open_dir(fd, directory) if directory else fd
+                try:
+                    self.found_dirs = []
+                    self._walk(sub, directory + "/" if directory else "")
+                finally:
+                    if sub != fd:
+                        os.close(sub)
+                if frozenset(self.found_dirs) != known:
+                    raise Unsure(f"the subdirectories of /{directory} changed")
+        except _Stop as stop:
+            raise Unsure(str(stop)) from None
+        finally:
+            os.close(fd)
+        return self._merge(record, dirty, max_files, max_bytes)
+
+    def _merge(
+        self, record: Record, dirty: list[str], max_files: int, max_bytes: int
+    ) -> tuple[ScanResult, Record, list[str]]:
+        entries = dict(record.entries)
+        names = dict(record.names)
+        large = set(record.large)
+        untrusted = set(record.untrusted)
+        total = record.total
+        touched: list[str] = []
+        for directory in dirty:
+            for path in names[directory]:
+                old = entries.pop(path)
+                total -= _placeholder_size(old[2]) if old[6] else old[2]
+                large.discard(path)
+                touched.append(path)
+            names[directory] = []
+            untrusted.discard(directory)
+        for path, entry in self.result.entries.items():
+            parent = path.rpartition("/")[0]
+            names[parent].append(path)
+            entries[path] = entry
+            touched.append(path)
+            if not entry[7]:
+                untrusted.add(parent)
+        total += self.total
+        large.update(self.result.large)
+        if len(entries) >= max_files or total > max_bytes:
+            raise Unsure("a bound of the snapshot is reached")
+        rescanned = set(dirty)
+        skipped = {p for p in record.skipped if p.rpartition("/")[0] not in rescanned}
+        skipped.update(self.result.skipped)
+        result = ScanResult(
+            entries, record.dirs, sorted(large), sorted(skipped),
+            files_read=self.result.files_read, total=total,
+        )  # fmt: skip
+        new = Record(
+            entries, record.dirs, record.subdirs, names, frozenset(large), frozenset(skipped),
+            frozenset(untrusted), total,
+        )  # fmt: skip
+        return result, new, touched
 
     def _trusted(self, st: os.stat_result) -> bool:
         return max(st.st_mtime_ns, st.st_ctime_ns) + RACY_NS < self.started_ns
@@ -327,6 +469,26 @@ class Scanner:
         if blob not in self.known_blobs:
             self.known_blobs.add(blob)
             self.sink(blob, data)
+
+
+def _open_dir(root_fd: int, path: str) -> int:
+    """``path`` under ``root_fd``, one ``O_NOFOLLOW`` component at a time; :class:`Unsure`
+    when any component is not a directory any more."""
+    fd = root_fd
+    try:
+        for name in split(path):
+            try:
+                sub = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise Unsure(f"cannot open /{path}: {exc.strerror}") from None
+            if fd != root_fd:
+                os.close(fd)
+            fd = sub
+    except BaseException:
+        if fd != root_fd:
+            os.close(fd)
+        raise
+    return fd
 
 
 def _placeholder_size(size: int) -> int:

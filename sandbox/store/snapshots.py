@@ -24,6 +24,14 @@ seed commit), the parent of turn 0.
 commit it describes; if that is not the tip, the manifest is rebuilt from the tip's tree with
 every entry untrusted (every file read once).
 
+**Between snapshots** (:mod:`sandbox.store.watch`): the process keeps the tip's manifest in
+memory (checked against the manifest's commit pointer and the file's stat) and an inotify
+watch of the workspace; while the watch has been unbroken since the walk that produced the
+tip, a snapshot lists again only the directories changed since (and those holding a racy
+entry) and keeps every other entry; anything uncertain is a full walk. A snapshot that changes
+nothing writes its commit and refs itself (no git process, see
+:func:`sandbox.store.git_objects.write_commit`).
+
 **Large files, ignore rules, bounds:** see :mod:`sandbox.store.scan`. A snapshot cut short
 by a bound still commits what it read, records no deletion (unreached paths keep their
 previous record) and says ``complete=False`` and why.
@@ -47,7 +55,7 @@ from typing import BinaryIO
 
 from sandbox.base import ExportTooLarge, GitError, SnapshotError, UnknownSnapshot, UnsafePath
 from sandbox.store.export import write_tar_gz
-from sandbox.store.git_objects import BlobReader, FastImport, ls_tree
+from sandbox.store.git_objects import BlobReader, FastImport, ls_tree, write_commit, write_ref
 from sandbox.store.git_run import (
     NEUTRAL_ATTRIBUTES,
     empty_home,
@@ -62,12 +70,16 @@ from sandbox.store.scan import (
     BlobSink,
     Entry,
     IgnoreRules,
+    Record,
     ScanBounds,
     Scanner,
     ScanResult,
+    Unsure,
     parse_placeholder,
+    placeholder,
     stamp,
 )
+from sandbox.store.watch import FULL_WALK_EVERY, Watch, forget, watch_of
 from sandbox.workspace import safe_name
 
 TIP = "refs/harness/tip"
@@ -174,21 +186,29 @@ class SnapshotStore:
         one whose stat still matches is not read again."""
         with self._locked():
             parent = self._resolve(TIP) or self._resolve(SEED)
-            previous = self._manifest(parent)
-            importer = FastImport(self.path, self._home())
+            watch = self._watch()
+            covered, watch.covers = watch.covers, None  # until this snapshot is written
+            previous = self._manifest(parent, watch)
+            importer = _Importer(self.path, self._home())
             try:
-                scan = self._scan(workspace, previous, importer, fresh or {})
-                current = dict(scan.entries)
+                trusted = covered is not None and covered == parent and not fresh
+                scan, record, touched = self._observe(
+                    workspace, previous, importer, watch, trusted, fresh or {}
+                )
+                current = scan.entries
                 if not scan.complete:
                     # Unreached paths keep their previous record: nothing is deleted.
                     current = {**previous, **current}
                 commit, changes = self._commit(
-                    importer, f"refs/turns/{int(turn)}", message, parent, previous, current
-                )
+                    importer, f"refs/turns/{int(turn)}", message, parent, previous, current,
+                    touched, watch,
+                )  # fmt: skip
             except (OSError, UnsafePath, GitError) as exc:
                 importer.abort()
                 raise SnapshotError(f"cannot snapshot turn {turn}: {exc}") from exc
-            self._save_manifest(commit, current, previous)
+            self._save_manifest(commit, current, previous, watch)
+            watch.record = record
+            watch.covers = commit if record is not None else None
         return self._summary(turn, commit, parent, changes, scan)
 
     @contextlib.contextmanager
@@ -222,11 +242,14 @@ class SnapshotStore:
         target_commit = self.commit_of(turn)
         with self._locked():
             parent = self._resolve(TIP) or self._resolve(SEED)
-            previous = self._manifest(parent)
+            watch = self._watch()
+            covered, watch.covers = watch.covers, None
+            previous = self._manifest(parent, watch)
             target = self._tree_of(target_commit, parent, previous)
-            importer = FastImport(self.path, self._home())
+            importer = _Importer(self.path, self._home())
             try:
-                scan = self._scan(workspace, previous, importer)
+                trusted = covered is not None and covered == parent
+                scan, _, _ = self._observe(workspace, previous, importer, watch, trusted, {})
                 if not scan.complete:
                     raise SnapshotError(
                         f"cannot rewind: the workspace could not be read whole ({scan.note})"
@@ -235,7 +258,7 @@ class SnapshotStore:
                 seq = len(self._refs("refs/rewinds/")) + 1
                 commit, changes = self._commit(
                     importer, f"refs/rewinds/{seq}", f"rewind to turn {turn}", parent,
-                    previous, current,
+                    previous, current, None, watch,
                 )  # fmt: skip
             except (OSError, UnsafePath, GitError) as exc:
                 importer.abort()
@@ -243,7 +266,10 @@ class SnapshotStore:
             except SnapshotError:
                 importer.abort()
                 raise
-            self._save_manifest(commit, current, previous)
+            self._save_manifest(commit, current, previous, watch)
+            record = _restored_record(scan, current)
+            watch.record = record
+            watch.covers = commit if record is not None else None
         note = f"not restored (large file content not kept): {', '.join(kept)}" if kept else ""
         result = ScanResult(
             entries=current,
@@ -318,7 +344,9 @@ class SnapshotStore:
             raise SnapshotError(redact(str(exc), env)) from exc
 
     def remove(self) -> None:
-        """Delete the store (the run's record); absent is fine."""
+        """Delete the store (the run's record) and drop this process's watch of it; absent
+        is fine."""
+        forget(self._key())
         shutil.rmtree(self.path, ignore_errors=True)
 
     # -- internals -----------------------------------------------------------------------
@@ -335,6 +363,12 @@ class SnapshotStore:
             self._git(["config", key, value])
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.path / "hooks")
+
+    def _key(self) -> str:
+        return os.path.abspath(self.path)
+
+    def _watch(self) -> Watch:
+        return watch_of(self._key())
 
     def _home(self) -> Path:
         return empty_home(self.root / "snapshots")
@@ -377,15 +411,26 @@ class SnapshotStore:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def _manifest(self, commit: str | None) -> dict[str, Entry]:
+    def _manifest(self, commit: str | None, watch: Watch) -> dict[str, Entry]:
         if commit is None:
             return {}
         try:
             described = (self.path / f"{MANIFEST}.commit").read_text()
-            data = marshal.loads((self.path / MANIFEST).read_bytes())
+            cached = watch.manifest
+            if (
+                cached is not None
+                and cached[0] == commit == described
+                and _file_key(self.path / MANIFEST) == cached[1]
+            ):
+                return cached[2]  # type: ignore[no-any-return]
+            with open(self.path / MANIFEST, "rb") as f:
+                key = _file_key(f.fileno())
+                data = marshal.loads(f.read())
             if data.get("version") == MANIFEST_VERSION and described == commit:
                 make = tuple.__new__  # 10,000s of entries: skip NamedTuple's __new__
-                return {path: make(Entry, fields) for path, fields in data["entries"].items()}
+                read = {path: make(Entry, fields) for path, fields in data["entries"].items()}
+                watch.manifest = (commit, key, read)
+                return read
         except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError):
             # No manifest, or one of another commit: rebuilt from the tree below.
             pass
@@ -425,13 +470,14 @@ class SnapshotStore:
         return tree
 
     def _save_manifest(
-        self, commit: str, entries: Mapping[str, Entry], previous: Mapping[str, Entry]
+        self, commit: str, entries: dict[str, Entry], previous: Mapping[str, Entry], watch: Watch
     ) -> None:
         """The manifest, and in a small file of its own the commit it describes (an unchanged
-        snapshot rewrites only that)."""
+        snapshot rewrites only that); the process keeps ``entries`` as the manifest's copy."""
         pointer = self.path / f"{MANIFEST}.commit"
+        watch.manifest = None
         pointer.unlink(missing_ok=True)  # never a new commit named next to an old manifest
-        if entries != previous or not (self.path / MANIFEST).exists():
+        if (entries is not previous and entries != previous) or not (self.path / MANIFEST).exists():
             data = {
                 "version": MANIFEST_VERSION,
                 "entries": {path: tuple(entry) for path, entry in entries.items()},
@@ -442,37 +488,89 @@ class SnapshotStore:
         temporary = self.path / f"{MANIFEST}.commit.tmp"
         temporary.write_text(commit)
         temporary.replace(pointer)
+        watch.manifest = (commit, _file_key(self.path / MANIFEST), entries)
 
-    def _scan(
+    def _observe(
         self,
         workspace: Path,
-        previous: Mapping[str, Entry],
-        sink: FastImport,
-        fresh: Mapping[str, Entry] | None = None,
-    ) -> ScanResult:
+        previous: dict[str, Entry],
+        importer: _Importer,
+        watch: Watch,
+        trusted: bool,
+        fresh: Mapping[str, Entry],
+    ) -> tuple[ScanResult, Record | None, list[str] | None]:
+        """The workspace now: (the scan, its record for the next rescan or None, the paths
+        that may have changed or None for all). A rescan of the dirty directories when the
+        watch has covered ``previous`` unbroken (``trusted``), else a full walk that starts
+        the watch again."""
+        dirty, broken = watch.drain()
         limits = self.limits
+        deadline = time.monotonic() + limits.timeout_s
+        record = watch.record
+        if (
+            trusted
+            and not broken
+            and isinstance(record, Record)
+            and record.entries is previous
+            and watch.since_full < FULL_WALK_EVERY
+        ):
+            watch.since_full += 1
+            if not dirty and not record.untrusted:
+                unchanged = ScanResult(
+                    previous, record.dirs, sorted(record.large), sorted(record.skipped),
+                    total=record.total,
+                )  # fmt: skip
+                return unchanged, record, []
+            unbounded = ScanBounds(limits.max_file_bytes, 1 << 62, 1 << 62, deadline)
+            scanner = Scanner(previous, unbounded, self.rules, importer.blob)
+            with contextlib.suppress(Unsure):
+                return scanner.rescan(
+                    workspace, record, dirty, limits.max_files, limits.max_total_bytes
+                )
         bounds = ScanBounds(
-            limits.max_file_bytes,
-            limits.max_total_bytes,
-            limits.max_files,
-            time.monotonic() + limits.timeout_s,
+            limits.max_file_bytes, limits.max_total_bytes, limits.max_files, deadline
         )
-        return Scanner(previous, bounds, self.rules, sink.blob, fresh or {}).scan(workspace)
+        importer.start()  # git starts while the tree is walked
+        watch.since_full = 0
+        watch.begin(self.rules.ignored)
+        try:
+            scan = Scanner(
+                previous, bounds, self.rules, importer.blob, fresh, on_dir=watch.add
+            ).scan(workspace)
+        finally:
+            watch.end()
+        return scan, Record.of(scan), None
 
     def _commit(
         self,
-        importer: FastImport,
+        importer: _Importer,
         ref: str,
         message: str,
         parent: str | None,
         previous: Mapping[str, Entry],
         current: Mapping[str, Entry],
+        touched: list[str] | None,
+        watch: Watch,
     ) -> tuple[str, _Changes]:
-        changes = _Changes.between(previous, current)
+        """Commit ``current`` on ``parent`` (``touched``: the only paths that can differ, None
+        for any). An unchanged tree whose id this process knows, with no git process started,
+        is written here; otherwise through fast-import."""
+        changes = _Changes.between(previous, current, touched)
+        when = int(time.time())
+        tree = watch.trees.get(parent) if parent is not None else None
+        if tree is not None and not changes.any() and not importer.started:
+            commit = write_commit(self.path, tree, parent, message, when)
+            write_ref(self.path, ref, commit)
+            write_ref(self.path, TIP, commit)
+            watch.remember_tree(commit, tree)
+            return commit, changes
         modifies = [(p, current[p].mode, current[p].blob) for p in changes.added + changes.modified]
-        commit = importer.commit(
-            ref, message, parent, changes.deleted, modifies, int(time.time()), extra_refs=(TIP,)
+        fast_import = importer.start()
+        commit = fast_import.commit(
+            ref, message, parent, changes.deleted, modifies, when, extra_refs=(TIP,)
         )
+        if fast_import.tree:
+            watch.remember_tree(commit, fast_import.tree)
         return commit, changes
 
     def _apply(
@@ -567,6 +665,48 @@ class SnapshotStore:
         )
 
 
+class _Importer:
+    """A :class:`FastImport` started on first use (an unchanged snapshot needs none)."""
+
+    def __init__(self, git_dir: Path, home: Path) -> None:
+        self.git_dir, self.home = git_dir, home
+        self.proc: FastImport | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.proc is not None
+
+    def start(self) -> FastImport:
+        if self.proc is None:
+            self.proc = FastImport(self.git_dir, self.home)
+        return self.proc
+
+    def blob(self, oid: str, data: bytes) -> None:
+        self.start().blob(oid, data)
+
+    def abort(self) -> None:
+        if self.proc is not None:
+            self.proc.abort()
+
+
+def _file_key(file: Path | int) -> tuple[int, int, int, int]:
+    st = os.stat(file)
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _restored_record(scan: ScanResult, current: dict[str, Entry]) -> Record | None:
+    """The record of the workspace a restore left: the scan's directories (one it created or
+    removed left a directory event: the watch is broken) and ``current``; the directories of
+    the skipped entries it removed are rescanned."""
+    large = [p for p, e in current.items() if e.large]
+    total = sum(len(placeholder("0" * 64, e.size)) if e.large else e.size for e in current.values())
+    record = Record.of(ScanResult(current, scan.dirs, large, [], total=total))
+    if record is None:
+        return None
+    gone = {p.rpartition("/")[0] for p in scan.skipped}
+    return replace(record, untrusted=record.untrusted | gone)
+
+
 @dataclass(frozen=True)
 class _Changes:
     added: list[str]
@@ -574,7 +714,26 @@ class _Changes:
     deleted: list[str]
 
     @classmethod
-    def between(cls, previous: Mapping[str, Entry], current: Mapping[str, Entry]) -> _Changes:
+    def between(
+        cls,
+        previous: Mapping[str, Entry],
+        current: Mapping[str, Entry],
+        touched: list[str] | None = None,
+    ) -> _Changes:
+        """What differs (mode or blob) between the two manifests; only among ``touched``
+        when given (the other paths are the same entries)."""
+        if touched is not None:
+            added, modified, deleted = [], [], []
+            for path in set(touched):
+                old, new = previous.get(path), current.get(path)
+                if old is None:
+                    if new is not None:
+                        added.append(path)
+                elif new is None:
+                    deleted.append(path)
+                elif (old.mode, old.blob) != (new.mode, new.blob):
+                    modified.append(path)
+            return cls(sorted(added), sorted(modified), sorted(deleted))
         added, modified = [], []
         for path, entry in current.items():
             old = previous.get(path)
