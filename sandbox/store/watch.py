@@ -72,8 +72,11 @@ _STRUCTURAL = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT
 
 MAX_STORES = 64
 """Stores remembered per process (a worker runs up to 64 at once); each holds its manifest."""
-MAX_WATCHES = 8192
+MAX_WATCHES = 4096
 """Directories watched per store; a bigger tree is walked whole every time."""
+MAX_PROCESS_WATCHES = 32768
+"""Watches of the whole process: ``fs.inotify.max_user_watches`` is shared by every process of
+the user (root, for the worker: dockerd and systemd too), so the worker keeps well below it."""
 MAX_DIRTY = 1024
 """Dirty directories kept per store; past that a full walk is cheaper than the rescans."""
 FULL_WALK_EVERY = 16
@@ -182,6 +185,11 @@ class _Inotify:
         watch.covers = None
         watch.record = watch.manifest = None
 
+    def _unwatch(self, watch: Watch) -> None:
+        for wd in watch._wds:
+            self._remove(watch, wd)
+        watch._wds = {}
+
     def _remove(self, watch: Watch, wd: int) -> None:
         owner = self.owners.get(wd)
         if owner is not None and owner[0] is watch:
@@ -216,6 +224,9 @@ class _Inotify:
                 return
             if len(watch._wds) >= MAX_WATCHES:
                 watch._broken = f"more than {MAX_WATCHES} directories"
+                return
+            if len(self.owners) >= MAX_PROCESS_WATCHES:
+                watch._broken = f"the process holds {MAX_PROCESS_WATCHES} watches"
                 return
             wd = self._libc.inotify_add_watch(self.fd, b"/proc/self/fd/%d" % fd, MASK)
             if wd < 0:
@@ -298,6 +309,7 @@ class _Inotify:
                 for watch in self.watches.values():
                     watch._broken = "inotify queue overflow"
                     watch._dirty = set()
+                    self._unwatch(watch)
                 continue
             owner = owners.get(wd)
             if owner is None:
@@ -305,6 +317,8 @@ class _Inotify:
             watch, path = owner
             if watch._broken:
                 continue
+            # Once broken, the store's watches are removed: a turn that churns the tree (a
+            # package install) costs no event handling until the next full walk adds them.
             if mask & _STRUCTURAL:
                 watch._broken = f"directory /{path} deleted or moved"
             elif mask & IN_ISDIR:
@@ -319,6 +333,7 @@ class _Inotify:
                     continue
                 watch._broken = f"more than {MAX_DIRTY} directories changed"
             watch._dirty = set()
+            self._unwatch(watch)
 
 
 _HUB: _Inotify | None = None

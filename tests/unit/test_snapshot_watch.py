@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.store import scan, watch
+from sandbox.store.git_objects import FastImport, write_commit
 from sandbox.store.snapshots import SnapshotLimits, SnapshotStore, SnapshotSummary
 from tests.unit.sandbox_snapshots.git_fixtures import git, write_tree
 
@@ -293,3 +294,23 @@ def test_more_stores_than_remembered_degrade_to_full_walks(tmp_path: Path) -> No
         store.remove()
     keys = {os.path.abspath(store.path) for store, _ in stores}
     assert not any(owner[0].key in keys for owner in hub.owners.values())
+
+
+def test_a_commit_written_without_git_is_the_one_fast_import_writes(checked: Checked) -> None:
+    store = checked.store
+    tip = git(store.path, "rev-parse", "refs/harness/tip").strip()
+    tree = _tree(store, tip)
+    importer = FastImport(store.path, store._home())
+    by_git = importer.commit("refs/x", "same\nmessage", tip, [], [], 1_700_000_000)
+    assert importer.tree == tree
+    assert write_commit(store.path, tree, tip, "same\nmessage", 1_700_000_000) == by_git
+
+
+def test_a_broken_watch_stops_watching_until_the_next_full_walk(checked: Checked) -> None:
+    hub = watch._hub()
+    key = checked.watch.key
+    (checked.ws / "c/new").mkdir()
+    checked.watch.drain()
+    assert not any(owner[0].key == key for owner in hub.owners.values())
+    checked.take(rescanned=False)
+    assert any(owner[0].key == key for owner in hub.owners.values())
