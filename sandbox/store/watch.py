@@ -347,5 +347,7 @@ def _hub() -> _Inotify:
     if _HUB is None or os.getpid() != _HUB_PID:
         with _HUB_LOCK:
             if _HUB is None or os.getpid() != _HUB_PID:
+                if _HUB is not None and _HUB.fd >= 0:
+                    os.close(_HUB.fd)  # the parent's instance: this process never reads it
                 _HUB, _HUB_PID = _Inotify(), os.getpid()
     return _HUB

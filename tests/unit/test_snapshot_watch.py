@@ -314,3 +314,18 @@ def test_a_broken_watch_stops_watching_until_the_next_full_walk(checked: Checked
     assert not any(owner[0].key == key for owner in hub.owners.values())
     checked.take(rescanned=False)
     assert any(owner[0].key == key for owner in hub.owners.values())
+
+
+def test_a_forked_child_starts_its_own_watch(checked: Checked) -> None:
+    (checked.ws / "top.txt").write_text("changed in the child\n")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            summary = checked.store.take(checked.ws, 77, "child")
+            fresh = bool(watch._hub().owners)  # its own instance, watched by its own walk
+            code = 0 if summary.modified == ("top.txt",) and fresh else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
