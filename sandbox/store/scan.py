@@ -33,7 +33,7 @@ reached.
 :mod:`sandbox.store.watch`), :meth:`Scanner.rescan` lists only those directories, without
 descending, and keeps every other entry of the record; what it cannot be sure of (a directory
 it cannot open component by component, a subdirectory that appeared, vanished or changed kind,
-a bound reached) raises :class:`Unsure`, and the caller walks the whole tree.
+a bound reached) makes it answer None, and the caller walks the whole tree.
 """
 
 from __future__ import annotations
@@ -184,8 +184,8 @@ class Record:
         )  # fmt: skip
 
 
-class Unsure(Exception):
-    """A rescan cannot vouch for its result: walk the whole tree."""
+class _Unsure(Exception):
+    """A rescan cannot vouch for its result."""
 
 
 BlobSink = Callable[[str, bytes], None]
@@ -325,11 +325,19 @@ class Scanner:
 
     def rescan(
         self, root: Path, record: Record, dirs: Iterable[str], max_files: int, max_bytes: int
-    ) -> tuple[ScanResult, Record, list[str]]:
+    ) -> tuple[ScanResult, Record, list[str]] | None:
         """The whole tree's result from ``record`` with ``dirs`` listed again (not descended):
-        (the result, the new record, every path whose entry may have changed). The scanner's
-        own bounds must not stop it: the whole tree's (``max_files``, ``max_bytes``) are
-        checked here. :class:`Unsure` when the result could differ from a full walk's."""
+        (the result, the new record, every path whose entry may have changed); None when it
+        could differ from a full walk's. The scanner's own bounds must not stop it: the whole
+        tree's (``max_files``, ``max_bytes``) are checked here."""
+        try:
+            return self._rescan(root, record, dirs, max_files, max_bytes)
+        except _Unsure:
+            return None
+
+    def _rescan(
+        self, root: Path, record: Record, dirs: Iterable[str], max_files: int, max_bytes: int
+    ) -> tuple[ScanResult, Record, list[str]]:
         self.recurse = False
         dirty = sorted(set(dirs) | record.untrusted)
         fd = open_root(root)
@@ -337,7 +345,7 @@ class Scanner:
             for directory in dirty:
                 known = record.subdirs.get(directory)
                 if known is None:
-                    raise Unsure(f"/{directory} is not a directory the walk knows")
+                    raise _Unsure(f"/{directory} is not a directory the walk knows")
                 sub = _open_dir(fd, directory) if directory else fd
                 try:
                     self.found_dirs = []
@@ -346,9 +354,9 @@ class Scanner:
                     if sub != fd:
                         os.close(sub)
                 if frozenset(self.found_dirs) != known:
-                    raise Unsure(f"the subdirectories of /{directory} changed")
+                    raise _Unsure(f"the subdirectories of /{directory} changed")
         except _Stop as stop:
-            raise Unsure(str(stop)) from None
+            raise _Unsure(str(stop)) from None
         finally:
             os.close(fd)
         return self._merge(record, dirty, max_files, max_bytes)
@@ -380,7 +388,7 @@ class Scanner:
         total += self.total
         large.update(self.result.large)
         if len(entries) >= max_files or total > max_bytes:
-            raise Unsure("a bound of the snapshot is reached")
+            raise _Unsure("a bound of the snapshot is reached")
         rescanned = set(dirty)
         skipped = {p for p in record.skipped if p.rpartition("/")[0] not in rescanned}
         skipped.update(self.result.skipped)
@@ -472,7 +480,7 @@ class Scanner:
 
 
 def _open_dir(root_fd: int, path: str) -> int:
-    """``path`` under ``root_fd``, one ``O_NOFOLLOW`` component at a time; :class:`Unsure`
+    """``path`` under ``root_fd``, one ``O_NOFOLLOW`` component at a time; :class:`_Unsure`
     when any component is not a directory any more."""
     fd = root_fd
     try:
@@ -480,7 +488,7 @@ def _open_dir(root_fd: int, path: str) -> int:
             try:
                 sub = os.open(name, DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
-                raise Unsure(f"cannot open /{path}: {exc.strerror}") from None
+                raise _Unsure(f"cannot open /{path}: {exc.strerror}") from None
             if fd != root_fd:
                 os.close(fd)
             fd = sub

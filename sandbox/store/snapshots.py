@@ -74,7 +74,6 @@ from sandbox.store.scan import (
     ScanBounds,
     Scanner,
     ScanResult,
-    Unsure,
     parse_placeholder,
     placeholder,
     stamp,
@@ -523,10 +522,11 @@ class SnapshotStore:
                 return unchanged, record, []
             unbounded = ScanBounds(limits.max_file_bytes, 1 << 62, 1 << 62, deadline)
             scanner = Scanner(previous, unbounded, self.rules, importer.blob)
-            with contextlib.suppress(Unsure):
-                return scanner.rescan(
-                    workspace, record, dirty, limits.max_files, limits.max_total_bytes
-                )
+            rescanned = scanner.rescan(
+                workspace, record, dirty, limits.max_files, limits.max_total_bytes
+            )
+            if rescanned is not None:
+                return rescanned
         bounds = ScanBounds(
             limits.max_file_bytes, limits.max_total_bytes, limits.max_files, deadline
         )
