@@ -205,7 +205,7 @@ class SnapshotStore:
             except (OSError, UnsafePath, GitError) as exc:
                 importer.abort()
                 raise SnapshotError(f"cannot snapshot turn {turn}: {exc}") from exc
-            self._save_manifest(commit, current, previous, watch)
+            self._save_manifest(commit, current, previous, changes, watch)
             watch.record = record
             watch.covers = commit if record is not None else None
         return self._summary(turn, commit, parent, changes, scan)
@@ -265,7 +265,7 @@ class SnapshotStore:
             except SnapshotError:
                 importer.abort()
                 raise
-            self._save_manifest(commit, current, previous, watch)
+            self._save_manifest(commit, current, previous, changes, watch)
             record = _restored_record(scan, current)
             watch.record = record
             watch.covers = commit if record is not None else None
@@ -469,14 +469,29 @@ class SnapshotStore:
         return tree
 
     def _save_manifest(
-        self, commit: str, entries: dict[str, Entry], previous: Mapping[str, Entry], watch: Watch
+        self,
+        commit: str,
+        entries: dict[str, Entry],
+        previous: Mapping[str, Entry],
+        changes: _Changes,
+        watch: Watch,
     ) -> None:
-        """The manifest, and in a small file of its own the commit it describes (an unchanged
-        snapshot rewrites only that); the process keeps ``entries`` as the manifest's copy."""
+        """The manifest, and in a small file of its own the commit it describes; the process
+        keeps ``entries`` as the manifest's copy.
+
+        A snapshot whose tree is unchanged, taken on the manifest file as read, rewrites only
+        the pointer, even if stats or trust changed: the file still names every path's exact
+        mode and blob, and an entry whose stat it has wrong is only read again."""
         pointer = self.path / f"{MANIFEST}.commit"
+        cached = watch.manifest
+        on_disk = cached is not None and cached[2] is previous
         watch.manifest = None
         pointer.unlink(missing_ok=True)  # never a new commit named next to an old manifest
-        if (entries is not previous and entries != previous) or not (self.path / MANIFEST).exists():
+        if (
+            changes.any()
+            or not (on_disk or entries is previous or entries == previous)
+            or not (self.path / MANIFEST).exists()
+        ):
             data = {
                 "version": MANIFEST_VERSION,
                 "entries": {path: tuple(entry) for path, entry in entries.items()},
