@@ -139,6 +139,9 @@ class ScanResult:
     """The sum of the sizes recorded (what ``max_total_bytes`` bounds)."""
     opaque: bool = False
     """A directory could not be entered (its contents are unknown, not just skipped)."""
+    linked: set[str] = field(default_factory=set)
+    """Directories holding a file with more than one link: a write through another of its
+    names (in another directory, or under an ignored path) leaves no event in this one."""
 
 
 @dataclass
@@ -155,8 +158,12 @@ class Record:
     large: frozenset[str]
     skipped: frozenset[str]
     untrusted: frozenset[str]
-    """Directories holding an entry read within the racy window (rescanned every time)."""
+    """Directories rescanned every time: holding an entry read within the racy window, or a
+    file with more than one link."""
     total: int
+    linked: frozenset[str] = frozenset()
+    """Directories holding a file with more than one link (a rescan finding another is
+    unsure: the other names can be anywhere)."""
 
     @classmethod
     def of(cls, result: ScanResult) -> Record | None:
@@ -168,7 +175,7 @@ class Record:
             subdirs.setdefault(directory, set())
             subdirs.setdefault(directory.rpartition("/")[0], set()).add(directory)
         names: dict[str, list[str]] = {d: [] for d in subdirs}
-        untrusted = set()
+        untrusted = set(result.linked)
         for path, entry in result.entries.items():
             parent = path.rpartition("/")[0]
             siblings = names.get(parent)
@@ -180,7 +187,7 @@ class Record:
         return cls(
             result.entries, list(result.dirs), {d: frozenset(s) for d, s in subdirs.items()},
             names, frozenset(result.large), frozenset(result.skipped), frozenset(untrusted),
-            result.total,
+            result.total, frozenset(result.linked),
         )  # fmt: skip
 
 
@@ -256,7 +263,7 @@ class Scanner:
                 )
         return self.result
 
-    def _walk(self, fd: int, prefix: str) -> None:
+    def _walk(self, fd: int, prefix: str) -> None:  # noqa: C901 (one inline hot loop)
         # The hot loop of every snapshot, once per file: the unchanged regular file is handled
         # inline with lookups hoisted (a method call per file costs as much as its lstat).
         if self.on_dir is not None:
@@ -284,6 +291,8 @@ class Scanner:
                 continue  # gone since it was listed
             kind = stat.S_IFMT(st.st_mode)
             if kind == stat.S_IFREG:
+                if st.st_nlink > 1:
+                    result.linked.add(prefix[:-1])
                 old = cached(path)
                 if (
                     old is not None
@@ -364,6 +373,7 @@ class Scanner:
     def _merge(
         self, record: Record, dirty: list[str], max_files: int, max_bytes: int
     ) -> tuple[ScanResult, Record, list[str]]:
+        rescanned = set(dirty)
         entries = dict(record.entries)
         names = dict(record.names)
         large = set(record.large)
@@ -378,6 +388,10 @@ class Scanner:
                 touched.append(path)
             names[directory] = []
             untrusted.discard(directory)
+        if not self.result.linked <= record.linked:
+            raise _Unsure("a file with another link appeared")
+        linked = (record.linked - rescanned) | self.result.linked
+        untrusted.update(linked)
         for path, entry in self.result.entries.items():
             parent = path.rpartition("/")[0]
             names[parent].append(path)
@@ -389,7 +403,6 @@ class Scanner:
         large.update(self.result.large)
         if len(entries) >= max_files or total > max_bytes:
             raise _Unsure("a bound of the snapshot is reached")
-        rescanned = set(dirty)
         skipped = {p for p in record.skipped if p.rpartition("/")[0] not in rescanned}
         skipped.update(self.result.skipped)
         result = ScanResult(
@@ -398,7 +411,7 @@ class Scanner:
         )  # fmt: skip
         new = Record(
             entries, record.dirs, record.subdirs, names, frozenset(large), frozenset(skipped),
-            frozenset(untrusted), total,
+            frozenset(untrusted), total, frozenset(linked),
         )  # fmt: skip
         return result, new, touched
 

@@ -25,8 +25,12 @@ store). Nothing here ever fails a snapshot: without a usable watch it is a full 
 **Limits.** Writes through a shared ``mmap`` raise no inotify event (the kernel reports
 ``write()``-family calls, truncation, attribute changes and the close of a writable
 descriptor; a page dirtied through a mapping after that close is invisible). git's own
-fsmonitor accepts the same; here every :data:`FULL_WALK_EVERY`-th snapshot of a store walks the
-whole tree anyway, so such a change is recorded at most that many snapshots late. Memory is
+fsmonitor accepts the same. So does a write through a hard link whose other name is under an
+ignored path (``/.home``, a ``.git``), never watched: no event reaches the directory of the
+workspace's name (a directory holding a file with more than one link that the walk saw is
+rescanned every time, see :class:`sandbox.store.scan.Record`). Every
+:data:`FULL_WALK_EVERY`-th snapshot of a store walks the whole tree anyway, so such a change is
+recorded at most that many snapshots late. Memory is
 bounded: at most :data:`MAX_STORES` stores are remembered (least recently used dropped, its
 watches removed), and dirty sets are capped.
 """

@@ -329,3 +329,27 @@ def test_a_forked_child_starts_its_own_watch(checked: Checked) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_write_through_another_link_of_a_file_is_seen(checked: Checked) -> None:
+    os.link(checked.ws / "c/three.txt", checked.ws / "a/linked.txt")
+    checked.take(rescanned=False)  # a new file with two links: where is the other name?
+    time.sleep(scan.RACY_NS / 1e9 * 1.2)
+    checked.take()
+    with open(checked.ws / "a/linked.txt", "a") as f:  # no event in c/
+        f.write("through the other name\n")
+    summary = checked.take()
+    assert summary.modified == ("a/linked.txt", "c/three.txt")
+
+
+def test_a_write_through_a_link_under_an_ignored_path_waits_for_the_full_walk(
+    checked: Checked,
+) -> None:
+    # No event reaches a watched directory: the documented limit, like a write through mmap.
+    os.link(checked.ws / "top.txt", checked.ws / ".home/top-link")
+    with open(checked.ws / ".home/top-link", "a") as f:
+        f.write("through the ignored name\n")
+    assert checked.store.take(checked.ws, 40, "missed").modified == ()
+    checked.watch.since_full = watch.FULL_WALK_EVERY
+    checked.turn = 40
+    assert checked.take(rescanned=False).modified == ("top.txt",)
