@@ -342,6 +342,11 @@ class SnapshotStore:
         except GitError as exc:
             raise SnapshotError(redact(str(exc), env)) from exc
 
+    def release(self) -> None:
+        """Drop this process's watch of the workspace and its copy of the manifest (the run
+        ended here); the store stays. The next snapshot, if any, walks the whole tree."""
+        forget(self._key())
+
     def remove(self) -> None:
         """Delete the store (the run's record) and drop this process's watch of it; absent
         is fine."""

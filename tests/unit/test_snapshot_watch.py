@@ -353,3 +353,14 @@ def test_a_write_through_a_link_under_an_ignored_path_waits_for_the_full_walk(
     checked.watch.since_full = watch.FULL_WALK_EVERY
     checked.turn = 40
     assert checked.take(rescanned=False).modified == ("top.txt",)
+
+
+def test_release_drops_the_watch_and_keeps_the_store(checked: Checked) -> None:
+    hub = watch._hub()
+    key = checked.watch.key
+    checked.store.release()
+    assert key not in hub.watches
+    assert not any(owner[0].key == key for owner in hub.owners.values())
+    assert checked.store.turns() == list(range(checked.turn + 1))
+    (checked.ws / "top.txt").write_text("after release\n")
+    checked.take(rescanned=False)
