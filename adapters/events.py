@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -134,6 +135,16 @@ class Session(_Event):
 class AssistantText(_Event):
     type: Literal["assistant-text"] = "assistant-text"
     text: str
+
+    def data_json(self) -> str:
+        """As :meth:`_Event.data_json`, byte for byte, at half its cost: the one event a
+        flood is made of. orjson escapes a string exactly as pydantic-core does (checked
+        over every code point by a test); a lone surrogate, which orjson refuses, takes the
+        general path."""
+        try:
+            return '{"text":' + orjson.dumps(self.text).decode() + "}"
+        except orjson.JSONEncodeError:
+            return super().data_json()
 
 
 class SandboxActivity(_Event):

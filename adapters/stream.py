@@ -32,6 +32,8 @@ from adapters.events import (
 from adapters.protocol import AdapterState, ExitInfo, Mode, TurnRequest
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
+_ACCEPT_RULES = TERMINAL_TYPES | {"turn-started", "session"}
+"""Event types that :meth:`StreamDriver._accept` does more with than append and count."""
 _decode_json = json.JSONDecoder().decode  # json.loads without its per-call dispatch
 STDERR_TAIL_CHARS = 2000
 
@@ -210,6 +212,11 @@ class StreamDriver:
             except Exception as exc:  # noqa: BLE001 -- as in _line
                 counters.mapper_errors += 1
                 self.last_mapper_error = f"{type(exc).__name__}: {exc}"
+                continue
+            if len(events) == 1 and events[0].type not in _ACCEPT_RULES:
+                # One plain event (no terminal yet, see above): what _accept would do.
+                out.append(events[0])
+                counters.events += 1
                 continue
             accept(events, out)
 
