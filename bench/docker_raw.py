@@ -67,6 +67,22 @@ class RawDocker:
         return time.perf_counter() - started
 
 
+def create_start_exec(raw: RawDocker, image: str, argv: list[str], stdin: bytes) -> float:
+    """A new container kept for later turns, as bare as it gets through the SDK: create
+    (network none, a keep-alive command), start, one exec of ``argv`` read to its end.
+    Seconds to the exec's end; the container is removed after, untimed."""
+    started = time.perf_counter()
+    container = raw.client.containers.create(
+        image, ["sleep", "infinity"], network_mode="none", user="1000:1000", init=True
+    )
+    try:
+        container.start()
+        raw.exec(container.id, argv, stdin)
+        return time.perf_counter() - started
+    finally:
+        container.remove(force=True)
+
+
 def docker_run(image: str, argv: list[str], stdin: bytes, network: str = "none") -> float:
     """``docker run --rm -i`` of the image (the CLI, as a user would): seconds to exit."""
     started = time.perf_counter()

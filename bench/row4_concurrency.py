@@ -4,22 +4,26 @@ wall of N bare harnesses started at once (and the S ideal), and the worker's res
 per in-flight turn (its peak during the burst minus its resident set just before, over N).
 The runs and their sandboxes exist beforehand (a no-op first turn each), so this is the
 steady state of a busy worker. Raw baseline: N bare
-harness processes (or execs) started at once by one Python process with a thread each."""
+harness processes (or execs) started at once by one Python process with a thread each; ours
+are submitted the same way, by a producer with a thread each (as a platform's API submits
+its users' turns), all released at once."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 from bench.context import NOOP, Bench
 from bench.stats import mib
 from bench.table import Figure, RowResult
 from bench.worker import ROOT
 
-TARGET_FLOOR_RATIO = 1.10
-"""Issue 19: against the floor this machine sets (N bare harnesses at once, same run)."""
+TARGET_FLOOR_RATIO = 1.15
+"""Issue 28: against the floor this machine sets (N bare harnesses at once, same run)."""
 TARGET_WALL_RATIO = 1.25
 """Issue 8: against the S ideal (below what two vCPUs can do at all; kept to show it)."""
 TARGET_MIB_PER_TURN = 5.0
@@ -51,6 +55,31 @@ def _wait_all(bench: Bench, keys: dict[str, int], timeout_s: float) -> dict[str,
     return done
 
 
+def _submit_at_once(submits: list[Callable[[], object]]) -> tuple[float, float]:
+    """Run every submit on a thread of its own, released together: (perf_counter at the
+    release, seconds until the last submit returned)."""
+    gate = threading.Barrier(len(submits) + 1)
+    errors: list[BaseException] = []
+
+    def one(submit: Callable[[], object]) -> None:
+        gate.wait()
+        try:
+            submit()
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in submits]
+    for thread in threads:
+        thread.start()
+    gate.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return started, time.perf_counter() - started
+
+
 def _raw(
     bench: Bench, backend: str, n: int, script: str, containers: list[str]
 ) -> dict[str, float]:
@@ -79,10 +108,9 @@ def run(bench: Bench) -> RowResult:
         idle = worker.rss_bytes()
         threads_idle = worker.threads()
         worker.reset_peak()
-        started = time.perf_counter()
-        for run_id in runs:
-            bench.client.submit_turn(run_id, script)
-        submitted = time.perf_counter() - started
+        started, submitted = _submit_at_once(
+            [lambda run_id=run_id: bench.client.submit_turn(run_id, script) for run_id in runs]
+        )
         keys = {bench.stream(run_id): 2 for run_id in runs}
         done = _wait_all(bench, keys, timeout_s=120 + sleep_s * 4)
         wall = max(at for at, _ in done.values()) - started

@@ -10,9 +10,11 @@ run's workspace, bind-mounted at ``/workspace`` and owned by the container user;
 The container is kept alive between turns by ``sleep infinity`` under Docker's init
 (``init=True``, which also reaps orphaned harness children).
 
-A new container is probed with one exec before it is handed out (it runs, has /bin/sh, and
-the user can write the workspace), so a broken image fails there, as StartFailed, with the
-container and a new workspace removed again. An image may name a skeleton HOME in its label
+A container that does not start fails here, as StartFailed, with the container and a new
+workspace removed again. A started one is checked by the run's first exec, whose wrapper
+(:mod:`sandbox.docker.scripts`) fails as StartFailed, saying why, when the container has no
+/bin/sh or its user cannot write the workspace or HOME: no exec of its own before the first
+turn (it cost a new container ~45 ms here). An image may name a skeleton HOME in its label
 ``harness.home_skeleton`` (the CLI image pre-seeds OpenCode's provider package there, so it
 runs offline): a fresh HOME is filled from it.
 """
@@ -47,7 +49,7 @@ from sandbox.base import (
 )
 from sandbox.docker.egress import EgressConfig, proxy_environment
 from sandbox.docker.execs import ExecTransport, Seam
-from sandbox.docker.scripts import memory_events_argv, oom_kill_count, probe_argv
+from sandbox.docker.scripts import memory_events_argv, oom_kill_count
 from sandbox.workspace import make_owned_workspace, safe_name
 
 log = logging.getLogger(__name__)
@@ -174,7 +176,7 @@ def label_lease(value: str | None) -> float | None:
 
 class RunContainers:
     """Finds, restarts and creates runs' containers (their workspaces under ``root``), and
-    runs the helper commands a container needs: its probe, its HOME skeleton, a turn's
+    runs the helper commands a container needs: its HOME skeleton, a turn's
     files, its out-of-memory count."""
 
     def __init__(
@@ -268,7 +270,6 @@ class RunContainers:
                         raise
                     return self.reuse(found, spec)
                 container.start()
-            self._probe(container.id)
             skeleton = (image.labels or {}).get(LABEL_HOME_SKELETON)
             if skeleton and fresh_home:
                 self._copy_skeleton(container.id, skeleton)
@@ -301,16 +302,6 @@ class RunContainers:
         except SandboxError:
             return 0
         return oom_kill_count(out)
-
-    def _probe(self, container: str) -> None:
-        """One exec right after start: the container runs (its command did not die at once),
-        it has the /bin/sh our wrapper needs, and the user can write to the workspace."""
-        code, _, err = self._execs.run(
-            container, probe_argv(WORKSPACE, HOME), action="check the new container"
-        )
-        if code != 0:
-            reason = err.decode("utf-8", "replace").strip() or f"exit code {code}"
-            raise StartFailed(f"the new container is not usable: {reason}")
 
     def _copy_skeleton(self, container: str, skeleton: str) -> None:
         code, _, err = self._execs.run(

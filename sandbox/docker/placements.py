@@ -6,6 +6,9 @@ in it; the next ``prepare`` of that run answers from memory, marked unverified, 
 turn's exec is the check: when it finds the container gone or stopped, the sandbox forgets
 it, prepares the run the long way (restart, or a new container) and starts the turn again.
 Bounded (least recently used first out): runs that ended on another worker are not told to us.
+
+A container this sandbox has just created is remembered as *new* until its first exec: that
+exec is the new container's check too (see :mod:`sandbox.docker.scripts`).
 """
 
 from __future__ import annotations
@@ -24,15 +27,21 @@ class KnownPlacements:
         self._capacity = capacity
         self._known: OrderedDict[str, tuple[RunSpec, Placement]] = OrderedDict()
         self._unverified: dict[str, RunSpec] = {}
+        self._new: set[str] = set()
         self._lock = threading.Lock()
 
-    def remember(self, spec: RunSpec, placement: Placement) -> None:
-        """A turn started in ``placement``: the run's container exists and runs."""
+    def remember(self, spec: RunSpec, placement: Placement, *, new: bool = False) -> None:
+        """``placement`` is the run's container: a turn started in it, or (``new``) it was
+        just created and no exec has checked it yet."""
         with self._lock:
+            if new:
+                self._new.add(spec.run_id)
+            else:
+                self._new.discard(spec.run_id)
             self._known[spec.run_id] = (_shape(spec), placement)
             self._known.move_to_end(spec.run_id)
             while len(self._known) > self._capacity:
-                self._known.popitem(last=False)
+                self._new.discard(self._known.popitem(last=False)[0])
 
     def lookup(self, spec: RunSpec) -> Placement | None:
         """The run's remembered placement for a run of this shape; unverified until started."""
@@ -49,10 +58,19 @@ class KnownPlacements:
         with self._lock:
             return self._unverified.pop(run_id, None)
 
+    def take_new(self, run_id: str) -> bool:
+        """Whether the run's container was just created and this is its first exec."""
+        with self._lock:
+            if run_id not in self._new:
+                return False
+            self._new.discard(run_id)
+            return True
+
     def forget(self, run_id: str) -> None:
         with self._lock:
             self._known.pop(run_id, None)
             self._unverified.pop(run_id, None)
+            self._new.discard(run_id)
 
 
 def _shape(spec: RunSpec) -> RunSpec:

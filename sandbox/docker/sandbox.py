@@ -1,6 +1,6 @@
 """DockerSandbox: one container per run, one exec per turn, through the Docker SDK.
 
-A run's container (``harness-run-<run_id>``) is created, hardened and probed as
+A run's container (``harness-run-<run_id>``) is created and hardened as
 docker_container.py describes, or claimed from the warm pool (warm_pool.py), and kept alive
 between turns. Its workspace is ``<root>/run/<run_id>`` or ``<root>/durable/<workspace_key>``
 (workspace.py), bind-mounted at ``/workspace``.
@@ -165,12 +165,13 @@ class DockerSandbox:
         if known is not None:
             self._containers.make_workspace(spec)
             return known
-        placement = self._prepare_checked(spec)
-        self._placements.remember(spec, placement)
+        placement, new = self._prepare_checked(spec)
+        self._placements.remember(spec, placement, new=new)
         return placement
 
-    def _prepare_checked(self, spec: RunSpec) -> Placement:
-        """Find (restarting it if stopped), claim from the pool, or create the run's container."""
+    def _prepare_checked(self, spec: RunSpec) -> tuple[Placement, bool]:
+        """Find (restarting it if stopped), claim from the pool, or create the run's
+        container; and whether it was created just now."""
         if spec.network == "egress":
             return self._prepare_egress(spec)
         name = container_name(spec.run_id)
@@ -179,18 +180,18 @@ class DockerSandbox:
             existing = self._containers.find(name)
         if existing is not None:
             self._containers.make_workspace(spec)
-            return self._containers.reuse(existing, spec)
+            return self._containers.reuse(existing, spec), False
         claimed = self._pool.claim(spec)
         if claimed is not None:
             self._containers.make_workspace(spec)
             self._pool.refill_later(spec)
-            return claimed
+            return claimed, False
         placement = self._containers.create(spec)
         if self._pool.serves(spec):  # the pool was empty (or is new): fill it for the next run
             self._pool.refill_later(spec)
-        return placement
+        return placement, True
 
-    def _prepare_egress(self, spec: RunSpec) -> Placement:
+    def _prepare_egress(self, spec: RunSpec) -> tuple[Placement, bool]:
         """An egress run's container: the gateway first (started if missing), then the
         container (never from the warm pool: its labels carry the run's allowlist), then the
         gateway's configuration, before the run's first exec."""
@@ -202,13 +203,14 @@ class DockerSandbox:
         self.egress.ensure()
         with self._seam("find the run's container", run_id=spec.run_id):
             existing = self._containers.find(container_name(spec.run_id))
+        new = existing is None
         if existing is not None:
             self._containers.make_workspace(spec)
             placement = self._containers.reuse(existing, spec)
         else:
             placement = self._containers.create(spec)
         self.egress.sync()
-        return placement
+        return placement, new
 
     def reap_gateway(self) -> str | None:
         """The reaper's care of this daemon's egress gateway (:meth:`Gateway.reap`)."""
@@ -238,8 +240,10 @@ class DockerSandbox:
         if not spec.argv:
             raise StartFailed("empty command: nothing to start")
         unchecked = self._placements.take_unverified(placement.run_id)
+        # A remembered placement handed out again is checked the long way below instead.
+        new = self._placements.take_new(placement.run_id) and unchecked is None
         try:
-            return self._start(placement, spec, secrets)
+            return self._start(placement, spec, secrets, new=new)
         except SandboxGone:
             if unchecked is None:
                 raise
@@ -247,11 +251,32 @@ class DockerSandbox:
         # run the long way, as a lookup would have, and start the turn there.
         self._placements.forget(placement.run_id)
         log.info("sandbox.container_changed", extra={"run_id": placement.run_id})
-        fresh = self._prepare_checked(unchecked)
+        fresh, new = self._prepare_checked(unchecked)
         self._placements.remember(unchecked, fresh)
-        return self._start(fresh, spec, secrets)
+        return self._start(fresh, spec, secrets, new=new)
 
     def _start(
+        self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str], *, new: bool
+    ) -> DockerProcess:
+        """The turn's exec; for a container created just now (``new``) also its check: one
+        that stopped at once (its command died) is removed and the start fails."""
+        if not new:
+            return self._exec(placement, spec, secrets)
+        try:
+            return self._exec(placement, spec, secrets)
+        except SandboxGone as exc:
+            self._placements.forget(placement.run_id)
+            with (
+                suppress(docker.errors.NotFound),
+                self._seam("remove the run's container", run_id=placement.run_id),
+            ):
+                self._client().containers.get(container_name(placement.run_id)).remove(force=True)
+            raise StartFailed(
+                f"cannot start the container of run {placement.run_id}: it stopped at once ({exc})",
+                hint="check the image and the daemon log (docker logs, journalctl -u docker)",
+            ) from exc
+
+    def _exec(
         self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]
     ) -> DockerProcess:
         container = placement.container_id or container_name(placement.run_id)

@@ -554,7 +554,9 @@ def test_a_missing_image_raises_image_missing_and_leaves_nothing(
 def test_a_container_that_cannot_start_is_removed(
     docker_sandbox: DockerSandbox, client: Any
 ) -> None:
-    # An image without `sleep`: creation succeeds, starting fails.
+    # An image without `sleep`: creation succeeds, its command dies at once (under Docker's
+    # init, after the start call returned). The run's first exec is the new container's check:
+    # the start fails, saying so, and the container is removed.
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         info = tarfile.TarInfo("hello.txt")
@@ -565,11 +567,13 @@ def test_a_container_that_cannot_start_is_removed(
     spec = RunSpec(run_id=f"t{uuid.uuid4().hex[:12]}", image=tag)
     try:
         with pytest.raises(StartFailed, match="cannot start the container"):
-            docker_sandbox.prepare(spec)
+            placement = docker_sandbox.prepare(spec)
+            docker_sandbox.start(placement, ExecSpec(argv=("true",)), {})
 
         assert (
             client.containers.list(all=True, filters={"name": f"harness-run-{spec.run_id}"}) == []
         )
+        docker_sandbox.teardown(spec.run_id)
         assert not (docker_sandbox.root / "run" / spec.run_id).exists()
     finally:
         client.images.remove(tag, force=True)

@@ -1,0 +1,141 @@
+"""Row 1's floor: what Celery itself costs a turn on this broker, with our settings.
+
+``celery -A bench.celery_floor worker`` runs one task, ``bench.floor``, that XADDs one entry
+to the stream it is given: an empty turn. The app takes every transport setting from
+``worker.app.create_app`` (broker, serializer, late acks, prefetch, pool, concurrency, task
+events), so the floor moves when ours does; it loads none of our tasks or worker hooks.
+:func:`round_trip` times ``send_task`` -> that entry seen by ``XREAD BLOCK``, the way row 1
+times a turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+from celery import Celery
+
+from config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from bench.context import Bench
+
+TASK = "bench.floor"
+QUEUE_SUFFIX = ".bench-floor"
+SHARED = (
+    "task_serializer",
+    "accept_content",
+    "task_ignore_result",
+    "task_acks_late",
+    "task_reject_on_worker_lost",
+    "task_acks_on_failure_or_timeout",
+    "task_track_started",
+    "task_send_sent_event",
+    "worker_send_task_events",
+    "worker_prefetch_multiplier",
+    "worker_pool",
+    "worker_concurrency",
+    "worker_hijack_root_logger",
+    "broker_connection_retry_on_startup",
+    "broker_transport_options",
+    "timezone",
+)
+"""The settings of ``worker.app`` that shape a message's way from producer to task body."""
+
+
+def make_app(settings: Settings) -> Celery:
+    from worker.app import create_app
+
+    ours = create_app(settings)
+    app = Celery("bench-floor", broker=settings.broker_url)
+    app.conf.update({name: ours.conf[name] for name in SHARED})
+    queue = settings.key_prefix + QUEUE_SUFFIX
+    app.conf.task_default_queue = queue
+    client = redis.Redis.from_url(settings.redis_url)
+
+    @app.task(name=TASK)
+    def floor(stream: str, token: str) -> None:
+        client.xadd(stream, {"token": token, "ts": repr(time.time())})
+
+    return app
+
+
+def queue_name(prefix: str) -> str:
+    return prefix + QUEUE_SUFFIX
+
+
+def start(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """The floor's worker, with the bench worker's environment; ready once it consumes."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "bench.celery_floor", "worker", "-l",
+             "warning", "--without-mingle", "--without-gossip", "-n",
+             f"floor{os.getpid()}@%h"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        )  # fmt: skip
+    return proc
+
+
+def round_trip(app: Celery, r: redis.Redis, stream: str, timeout_s: float = 60.0) -> float:
+    """Seconds from ``send_task`` to the task's entry seen by ``XREAD BLOCK``."""
+    last = r.xrevrange(stream, count=1)
+    cursor: Any = last[0][0] if last else "0-0"
+    token = os.urandom(8).hex()
+    started = time.perf_counter()
+    app.send_task(TASK, args=[stream, token], queue=app.conf.task_default_queue)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for _, entries in r.xread({stream: cursor}, count=100, block=1000) or ():
+            for entry_id, fields in entries:
+                cursor = entry_id
+                if fields[b"token"].decode() == token:
+                    return time.perf_counter() - started
+    raise TimeoutError(f"the floor task did not run within {timeout_s:g}s")
+
+
+def wait_ready(app: Celery, r: redis.Redis, stream: str, proc: subprocess.Popen[bytes]) -> None:
+    """Block until the floor worker runs a task (it is consuming)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the floor worker exited at start")
+        try:
+            round_trip(app, r, stream, timeout_s=2)
+            return
+        except TimeoutError:
+            continue
+    raise RuntimeError("the floor worker did not start consuming")
+
+
+app = make_app(load_settings()) if os.environ.get("HARNESS_KEY_PREFIX") else None
+"""``celery -A bench.celery_floor``: built only where a deployment's settings are set."""
+
+
+@contextlib.contextmanager
+def running(bench: Bench) -> Iterator[Callable[[], float]]:
+    """The floor's worker for the duration of the block; yields :func:`round_trip` on it."""
+    env = bench.env
+    proc = start({**os.environ, **env.vars, "PYTHONUNBUFFERED": "1"}, env.tmp / "floor.log")
+    app = make_app(env.settings())
+    r = redis.Redis.from_url(env.vars["HARNESS_REDIS_URL"])
+    stream = f"{env.prefix}:bench-floor"
+    try:
+        wait_ready(app, r, stream, proc)
+        yield lambda: round_trip(app, r, stream)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        r.delete(stream)
+        r.close()
+        app.close()
