@@ -331,11 +331,13 @@ class DockerProcess:
         if not self._stream_done.wait(max(timeout, 0.0)):
             return self._inspect()
         deadline = time.monotonic() + max(timeout, _EXIT_SETTLE)
+        pause = 0.001  # the daemon usually records the exit within a few ms of the stream's end
         while True:
             code = self._inspect()
             if code is not None or time.monotonic() >= deadline:
                 return code
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def kill(self, grace: float = 1.0) -> None:
         """SIGTERM the harness and its children inside the container, SIGKILL after ``grace``.
