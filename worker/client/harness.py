@@ -366,8 +366,12 @@ class HarnessClient:
                 f"run {run_id}: {over.error('for its next turn').error}".replace("RUN_ID", run_id)
             )
         turn = self.store.begin_turn(run_id)
-        raw = self.store.raw(run_id)
-        queue = raw.get("queue") or harness_queue(raw.get("harness", ""), self.settings.key_prefix)
+        assert record is not None  # begin_turn raised RunNotFound otherwise
+        # Only a turn in flight moves the run's queue (to its host's): the record read above
+        # names the queue unless a turn was in flight then (and has ended since).
+        if record.status in IN_FLIGHT:
+            record = self.store.record(run_id)
+        queue = record.queue or harness_queue(record.harness, self.settings.key_prefix)
         self._send(run_id, turn, input, queue, attached, output_schema)
         return turn
 
