@@ -164,7 +164,16 @@ def write_commit(git_dir: Path, tree: str, parent: str | None, message: str, whe
         body += b"parent %s\n" % parent.encode()
     body += b"author %s\ncommitter %s\n\n" % (who, who)
     body += message.encode("utf-8", "surrogateescape")
-    data = b"commit %d\0" % len(body) + body
+    return write_object(git_dir, b"commit", body)
+
+
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+"""The id of the tree with no entries (git's own constant)."""
+
+
+def write_object(git_dir: Path, kind: bytes, body: bytes) -> str:
+    """Write a loose object (``kind``: commit, tree, blob) unless the store has it; its id."""
+    data = b"%s %d\0" % (kind, len(body)) + body
     oid = hashlib.sha1(data, usedforsecurity=False).hexdigest()
     folder = git_dir / "objects" / oid[:2]
     target = folder / oid[2:]

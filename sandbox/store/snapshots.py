@@ -47,6 +47,7 @@ import marshal
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -55,7 +56,15 @@ from typing import BinaryIO
 
 from sandbox.base import ExportTooLarge, GitError, SnapshotError, UnknownSnapshot, UnsafePath
 from sandbox.store.export import write_tar_gz
-from sandbox.store.git_objects import BlobReader, FastImport, ls_tree, write_commit, write_ref
+from sandbox.store.git_objects import (
+    EMPTY_TREE,
+    BlobReader,
+    FastImport,
+    ls_tree,
+    write_commit,
+    write_object,
+    write_ref,
+)
 from sandbox.store.git_run import (
     NEUTRAL_ATTRIBUTES,
     empty_home,
@@ -84,6 +93,8 @@ from sandbox.workspace import safe_name
 TIP = "refs/harness/tip"
 SEED = "refs/harness/seed"
 MANIFEST = "harness-manifest"
+TEMPLATE = ".template"
+"""The empty store every new store is copied from, beside them (no run id starts with a dot)."""
 MANIFEST_VERSION = 1
 MiB = 1024 * 1024
 PREFETCH_BYTES = 64 * MiB
@@ -356,17 +367,44 @@ class SnapshotStore:
     # -- internals -----------------------------------------------------------------------
 
     def init(self) -> None:
-        """Create the bare repository if it does not exist yet."""
+        """Create the bare repository if it does not exist yet: a copy of the stores'
+        template (made once, as :meth:`_make_repository` makes a store), renamed into place
+        (three git processes cost a run's first snapshot more than the rest of it)."""
         if self.exists():
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        run_git(None, ["init", "--bare", "--quiet", str(self.path)], home=self._home())
-        (self.path / "info").mkdir(exist_ok=True)
-        (self.path / "info" / "attributes").write_text(NEUTRAL_ATTRIBUTES)
+        template = self.path.parent / TEMPLATE
+        if not (template / "HEAD").is_file():
+            self._make_repository(template)
+        staging = self.path.with_name(f".{self.run_id}.{os.getpid()}.{threading.get_ident()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(template, staging, symlinks=True)
+        try:
+            os.rename(staging, self.path)  # replaces nothing but an empty directory
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not self.exists():  # not another thread's store: something half made
+                self._make_repository(self.path)
+
+    def _make_repository(self, path: Path) -> None:
+        """A store's bare repository at ``path`` (made in a staging folder, then renamed)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.name != TEMPLATE:
+            target = path
+        else:
+            target = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
+            shutil.rmtree(target, ignore_errors=True)
+        run_git(None, ["init", "--bare", "--quiet", str(target)], home=self._home())
+        (target / "info").mkdir(exist_ok=True)
+        (target / "info" / "attributes").write_text(NEUTRAL_ATTRIBUTES)
         for key, value in (("gc.auto", "0"), ("core.logAllRefUpdates", "false")):
-            self._git(["config", key, value])
+            run_git(target, ["config", key, value], home=self._home())
         with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self.path / "hooks")
+            shutil.rmtree(target / "hooks")
+        if target != path:
+            try:
+                os.rename(target, path)
+            except OSError:  # another thread made it meanwhile
+                shutil.rmtree(target, ignore_errors=True)
 
     def _key(self) -> str:
         return os.path.abspath(self.path)
@@ -389,10 +427,15 @@ class SnapshotStore:
         # The store is the worker's and every ref in it points at a commit it wrote: a loose
         # ref is read as a file (a git process costs more than the rest of a small snapshot);
         # anything else (packed, symbolic, absent) is left to git.
-        with contextlib.suppress(OSError, UnicodeDecodeError):
+        try:
             text = (self.path / ref).read_text().strip()
             if _OBJECT_ID.fullmatch(text):
                 return text
+        except FileNotFoundError:
+            if not (self.path / "packed-refs").exists():
+                return None  # every ref is loose (nothing packs a store's refs): there is none
+        except (OSError, UnicodeDecodeError):
+            pass
         try:
             out = self._git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"])
         except GitError:
@@ -550,7 +593,9 @@ class SnapshotStore:
         bounds = ScanBounds(
             limits.max_file_bytes, limits.max_total_bytes, limits.max_files, deadline
         )
-        importer.start()  # git starts while the tree is walked
+        # git starts with the first new blob, while the rest of the tree is walked; a walk
+        # that finds nothing new (an empty workspace, every FULL_WALK_EVERY-th snapshot of an
+        # unchanged one) needs no git process.
         watch.since_full = 0
         watch.begin(self.rules.ignored)
         try:
@@ -578,6 +623,9 @@ class SnapshotStore:
         changes = _Changes.between(previous, current, touched)
         when = int(time.time())
         tree = watch.trees.get(parent) if parent is not None else None
+        if parent is None and not current and not importer.started:
+            tree = write_object(self.path, b"tree", b"")  # an empty workspace's first snapshot
+            assert tree == EMPTY_TREE
         if tree is not None and not changes.any() and not importer.started:
             commit = write_commit(self.path, tree, parent, message, when)
             write_ref(self.path, ref, commit)
