@@ -1,0 +1,98 @@
+"""A new snapshot store is a copy of the template store: a valid, hardened bare repository,
+made once however many threads ask at the same moment, and the first snapshot of an empty
+workspace needs no git process."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+from sandbox.store import git_objects
+from sandbox.store.git_objects import EMPTY_TREE
+from sandbox.store.snapshots import TEMPLATE, SnapshotStore
+
+
+def _git(store: SnapshotStore, *args: str) -> str:
+    out = subprocess.run(
+        ["git", "--git-dir", str(store.path), *args], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_a_new_store_is_a_hardened_repository_copied_from_the_template(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path, "r1")
+    store.init()
+
+    assert (tmp_path / "snapshots" / TEMPLATE / "HEAD").is_file()
+    assert _git(store, "config", "gc.auto") == "0"
+    assert _git(store, "config", "core.logAllRefUpdates") == "false"
+    assert _git(store, "rev-parse", "--is-bare-repository") == "true"
+    assert not (store.path / "hooks").exists()
+    assert (store.path / "info" / "attributes").read_text()
+    assert [p.name for p in store.path.parent.iterdir() if p.name.startswith(".r1")] == []
+
+
+def test_the_first_snapshot_of_an_empty_workspace_starts_no_git_process(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / ".home").mkdir(parents=True)
+    store = SnapshotStore(tmp_path, "r2")
+    store.init()
+    started: list[object] = []
+    original = git_objects.FastImport.__init__
+
+    def counted(self: git_objects.FastImport, *args: object, **kwargs: object) -> None:
+        started.append(args)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    git_objects.FastImport.__init__ = counted  # type: ignore[method-assign]
+    try:
+        summary = store.take(workspace, 0, "the workspace before the first turn")
+    finally:
+        git_objects.FastImport.__init__ = original  # type: ignore[method-assign]
+
+    assert started == []
+    assert _git(store, "rev-parse", f"{summary.snapshot}^{{tree}}") == EMPTY_TREE
+    subprocess.run(["git", "--git-dir", str(store.path), "fsck", "--strict"], check=True)
+    (workspace / "a.txt").write_text("one\n")
+    assert store.take(workspace, 1, "turn 1").added == ("a.txt",)
+    assert _git(store, "log", "--format=%s", "refs/turns/1").splitlines() == [
+        "turn 1",
+        "the workspace before the first turn",
+    ]
+
+
+def test_threads_that_create_one_store_at_once_leave_one_valid_repository(tmp_path: Path) -> None:
+    stores = [SnapshotStore(tmp_path, "r3") for _ in range(8)]
+    gate = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+
+    def create(store: SnapshotStore) -> None:
+        gate.wait()
+        try:
+            store.init()
+        except BaseException as exc:  # noqa: BLE001 -- asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(s,)) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert stores[0].exists()
+    leftovers = [p.name for p in (tmp_path / "snapshots").iterdir() if p.name.startswith(".")]
+    assert sorted(leftovers) == sorted({".git-home", TEMPLATE} & set(leftovers))
+    subprocess.run(["git", "--git-dir", str(stores[0].path), "fsck", "--strict"], check=True)
+
+
+def test_a_half_made_store_is_made_whole(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path, "r4")
+    store.path.mkdir(parents=True)
+    (store.path / "objects").mkdir()  # what an interrupted creation may leave
+
+    store.init()
+
+    assert store.exists()
+    assert _git(store, "config", "gc.auto") == "0"
