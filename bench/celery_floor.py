@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,28 @@ def round_trip(app: Celery, r: redis.Redis, stream: str, timeout_s: float = 60.0
     raise TimeoutError(f"the floor task did not run within {timeout_s:g}s")
 
 
+def throughput(app: Celery, r: redis.Redis, stream: str, count: int) -> tuple[float, float]:
+    """``count`` empty tasks sent back to back by one producer: (sends per second, tasks run
+    per second from the first send to the last task's entry)."""
+    token = os.urandom(8).hex()
+    last = r.xrevrange(stream, count=1)
+    cursor: Any = last[0][0] if last else "0-0"
+    started = time.perf_counter()
+    for _ in range(count):
+        app.send_task(TASK, args=[stream, token], queue=app.conf.task_default_queue)
+    sent = time.perf_counter() - started
+    seen = 0
+    deadline = time.monotonic() + 60 + count / 50
+    while seen < count and time.monotonic() < deadline:
+        for _, entries in r.xread({stream: cursor}, count=1000, block=1000) or ():
+            for entry_id, fields in entries:
+                cursor = entry_id
+                seen += fields[b"token"].decode() == token
+    if seen < count:
+        raise TimeoutError(f"{count - seen} of {count} floor tasks did not run")
+    return count / sent, count / (time.perf_counter() - started)
+
+
 def wait_ready(app: Celery, r: redis.Redis, stream: str, proc: subprocess.Popen[bytes]) -> None:
     """Block until the floor worker runs a task (it is consuming)."""
     deadline = time.monotonic() + 60
@@ -119,9 +142,17 @@ app = make_app(load_settings()) if os.environ.get("HARNESS_KEY_PREFIX") else Non
 """``celery -A bench.celery_floor``: built only where a deployment's settings are set."""
 
 
+@dataclass(frozen=True)
+class Floor:
+    round_trip: Callable[[], float]
+    """Seconds from a send to the task's entry seen (:func:`round_trip`)."""
+    throughput: Callable[[int], tuple[float, float]]
+    """(sends/s, tasks run/s) of that many tasks (:func:`throughput`)."""
+
+
 @contextlib.contextmanager
-def running(bench: Bench) -> Iterator[Callable[[], float]]:
-    """The floor's worker for the duration of the block; yields :func:`round_trip` on it."""
+def running(bench: Bench) -> Iterator[Floor]:
+    """The floor's worker for the duration of the block, and what it measures."""
     env = bench.env
     proc = start({**os.environ, **env.vars, "PYTHONUNBUFFERED": "1"}, env.tmp / "floor.log")
     app = make_app(env.settings())
@@ -129,7 +160,7 @@ def running(bench: Bench) -> Iterator[Callable[[], float]]:
     stream = f"{env.prefix}:bench-floor"
     try:
         wait_ready(app, r, stream, proc)
-        yield lambda: round_trip(app, r, stream)
+        yield Floor(lambda: round_trip(app, r, stream), lambda n: throughput(app, r, stream, n))
     finally:
         proc.terminate()
         try:

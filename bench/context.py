@@ -35,6 +35,8 @@ class Sizes:
     bigline_bytes: int
     bigstream_bytes: int
     bigstream_line_bytes: int
+    floor_tasks: int = 1000
+    """Empty Celery tasks of row 1's throughput line (one broker, one worker process)."""
 
 
 PROFILES: dict[str, Sizes] = {
@@ -51,6 +53,7 @@ PROFILES: dict[str, Sizes] = {
         bigline_bytes=100_000_000,
         bigstream_bytes=1_000_000_000,
         bigstream_line_bytes=1024,
+        floor_tasks=2000,
     ),
     "quick": Sizes(
         overhead_turns=20,
@@ -78,6 +81,7 @@ PROFILES: dict[str, Sizes] = {
         first_turn_repeats=1,
         bigline_bytes=10_000_000,
         bigstream_bytes=4_000_000,
+        floor_tasks=50,
         bigstream_line_bytes=1024,
     ),
 }

@@ -132,7 +132,14 @@ def docker_split(bench: Bench, run_id: str, turns: int) -> dict[str, list[float]
 def run(bench: Bench) -> RowResult:
     result = RowResult("1", "per-turn overhead (no-op turn, warm sandbox)")
     with celery_floor.running(bench) as floor:
-        measured = {backend: measure(bench, backend, floor) for backend in bench.backends}
+        measured = {
+            backend: measure(bench, backend, floor.round_trip) for backend in bench.backends
+        }
+        sends, runs = floor.throughput(bench.sizes.floor_tasks)
+    result.add(
+        Figure("Celery, one producer: empty tasks sent per second", sends, None, "/s"),
+        Figure("Celery, one worker process: empty tasks run per second", runs, None, "/s"),
+    )
     for backend, m in measured.items():
         ours, base = m["ours"], m["base"]
         baseline_name = "bare exec" if backend == "docker" else "bare subprocess"
