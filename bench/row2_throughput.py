@@ -23,7 +23,7 @@ from bench.context import Bench
 from bench.stats import p50
 from bench.table import Figure, RowResult
 
-TARGET_RATIO = 0.6
+TARGET_RATIO = 0.7
 BASELINE_BATCH = 1000
 
 

@@ -221,11 +221,12 @@ class _ReadLoop:
         # garbage collector and the caches than the slicing does (docs/performance.md, row 2).
         events: list[Event] = []
         for at in range(0, len(data), FEED_BYTES):
-            events += driver.feed(data[at : at + FEED_BYTES])
+            events += [e for e in driver.feed(data[at : at + FEED_BYTES]) if not e.terminal]
             if len(events) >= SCRIPT_BATCH:
-                out.send([e for e in events if not e.terminal])
-                events = []
-        out.send([e for e in events if not e.terminal])
+                whole = len(events) - len(events) % SCRIPT_BATCH  # whole script calls only
+                out.send(events[:whole])
+                del events[:whole]
+        out.send(events)
         if self.gate is not None:
             out.send(self.gate.collect())
         if out.tools is not None:
