@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     snapshot_max_files: int = Field(200_000, gt=0)
     snapshot_max_bytes: int = Field(2 * 1024**3, gt=0)
     snapshot_timeout_s: float = Field(120.0, gt=0)
+    snapshot_watch: bool = True
+    """Rescan only the folders inotify saw change since the last snapshot (a full walk every
+    16th); false walks every snapshot's whole tree: for workspaces whose writes do not reach
+    the worker's inotify (a Docker daemon in a VM, NFS, FUSE)."""
     export_max_bytes: int = Field(1024**3, gt=0)
     """The largest workspace ``harness export`` hands out, uncompressed, in bytes."""
     workspace_reply_timeout_s: float = Field(120.0, gt=0)

@@ -116,6 +116,10 @@ class SnapshotLimits:
     ignore: tuple[str, ...] = ()
     """Patterns ignored besides ``/.home`` and ``.git`` (``/x``: from the root; ``x``: a name
     at any depth; fnmatch syntax)."""
+    watch: bool = True
+    """Rescan only what inotify saw change (:mod:`sandbox.store.watch`); False: walk the whole
+    tree every time, for a workspace whose writes do not reach this host's inotify (a Docker
+    daemon in a VM, NFS, FUSE)."""
 
 
 @dataclass(frozen=True)
@@ -567,6 +571,7 @@ class SnapshotStore:
         the watch again."""
         dirty, broken = watch.drain()
         limits = self.limits
+        trusted = trusted and limits.watch
         deadline = time.monotonic() + limits.timeout_s
         record = watch.record
         if (
@@ -597,6 +602,9 @@ class SnapshotStore:
         # that finds nothing new (an empty workspace, every FULL_WALK_EVERY-th snapshot of an
         # unchanged one) needs no git process.
         watch.since_full = 0
+        if not limits.watch:
+            scan = Scanner(previous, bounds, self.rules, importer.blob, fresh).scan(workspace)
+            return scan, None, None
         watch.begin(self.rules.ignored)
         try:
             scan = Scanner(

@@ -4,8 +4,10 @@ workspace needs no git process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from sandbox.store import git_objects
@@ -96,3 +98,30 @@ def test_a_half_made_store_is_made_whole(tmp_path: Path) -> None:
 
     assert store.exists()
     assert _git(store, "config", "gc.auto") == "0"
+
+
+def test_with_the_watch_off_every_snapshot_walks_the_whole_tree(tmp_path: Path) -> None:
+    """``HARNESS_SNAPSHOT_WATCH=false``: no directory is watched, and a change whose event
+    never came (here: drained and dropped, as a daemon in a VM would never send it) is
+    still recorded. With the watch on, the same change waits for the next full walk."""
+    from sandbox.store import watch
+    from sandbox.store.snapshots import SnapshotLimits
+
+    def missed_change(limits: SnapshotLimits, run_id: str) -> tuple[str, ...]:
+        workspace = tmp_path / run_id
+        (workspace / "src").mkdir(parents=True)
+        (workspace / "src" / "a.py").write_text("one\n")
+        time.sleep(0.1)  # out of the racy window: the entry is trusted
+        store = SnapshotStore(tmp_path, run_id, limits)
+        store.take(workspace, 0, "turn 0")
+        store.take(workspace, 1, "turn 1")
+        (workspace / "src" / "a.py").write_text("two\n")
+        time.sleep(0.1)
+        held = watch.watch_of(os.path.abspath(store.path))
+        held.drain()  # the event is dropped
+        if not limits.watch:
+            assert held._wds == {}  # no kernel watch was ever added
+        return store.take(workspace, 2, "turn 2").modified
+
+    assert missed_change(SnapshotLimits(watch=False), "off") == ("src/a.py",)
+    assert missed_change(SnapshotLimits(watch=True), "on") == ()

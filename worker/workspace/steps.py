@@ -82,6 +82,7 @@ def snapshot_limits(settings: Settings) -> SnapshotLimits:
         max_files=settings.snapshot_max_files,
         timeout_s=settings.snapshot_timeout_s,
         ignore=settings.snapshot_ignore,
+        watch=settings.snapshot_watch,
     )
 
 
