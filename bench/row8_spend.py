@@ -56,7 +56,7 @@ def _publish(client: SyncRedis, keys: Keys, events: list[Event], budget: bool) -
     out = Publishing(RedisStreamPublisher(client, keys, run_id, 1, maxlen=len(events) + 10))
     if budget:
         record = RunRecord(run_id=run_id, status="running", budget={"max_tokens": 10**12})
-        out.guard = Guard(record, load_settings()).on_event
+        out.guard = Guard(record, load_settings())
     started = time.perf_counter()
     for i in range(0, len(events), BATCH):
         out.send(events[i : i + BATCH])

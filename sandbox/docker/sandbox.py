@@ -260,11 +260,11 @@ class DockerSandbox:
     ) -> DockerProcess:
         """The turn's exec; for a container created just now (``new``) also its check: one
         that stopped at once (its command died) is removed and the start fails."""
-        if not new:
-            return self._exec(placement, spec, secrets)
         try:
             return self._exec(placement, spec, secrets)
         except SandboxGone as exc:
+            if not new:
+                raise
             self._placements.forget(placement.run_id)
             with (
                 suppress(docker.errors.NotFound),

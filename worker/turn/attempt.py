@@ -69,9 +69,10 @@ class Publishing:
         self.usage = UsageTotals()
         self.sessions: list[Session] = []
         self.text_parts: list[str] = []
-        self.guard: Callable[[Event, UsageTotals], SessionError | None] | None = None
-        """Told every event with the turn's usage so far (the run's budget,
-        :class:`worker.spend.budgets.Guard`); what it returns stops the harness (:attr:`halt`)."""
+        self.guard: Guard | None = None
+        """The run's budget: told each batch (:meth:`Guard.clear`) and, when a limit may be
+        crossed in it, every event with the turn's usage so far (:meth:`Guard.on_event`);
+        what that returns stops the harness (:attr:`halt`)."""
         self.halt: SessionError | None = None
         self.last_event: tuple[str, float] | None = None
         """The type and monotonic time of the last event sent (a stalled turn's diagnosis)."""
@@ -81,9 +82,8 @@ class Publishing:
 
     def send(self, events: list[Event]) -> None:
         guard = self.guard if self.halt is None else None
-        owner = getattr(guard, "__self__", None)
-        if isinstance(owner, Guard) and owner.clear(events, self.usage):
-            guard = None  # a Guard's on_event: nothing in this batch crosses a limit
+        if guard is not None and guard.clear(events, self.usage):
+            guard = None  # nothing in this batch crosses a limit
         usage, sessions = self.usage, self.sessions
         for event in events:
             if isinstance(event, Usage):
@@ -91,7 +91,7 @@ class Publishing:
             elif isinstance(event, Session):
                 sessions.append(event)
             if guard is not None and self.halt is None:
-                self.halt = guard(event, usage)
+                self.halt = guard.on_event(event, usage)
         if events:
             self.last_event = (events[-1].type, time.monotonic())
         self.publisher.publish(events)

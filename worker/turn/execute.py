@@ -268,7 +268,7 @@ class _TurnRun:
             return self.refuse(over.error("before the turn"))
         self.guard = budgets.Guard(record, settings)
         if self.guard.active:
-            self.out.guard = self.guard.on_event
+            self.out.guard = self.guard
         secrets[CREDENTIAL_ENV] = self.life.issue_credential()
         logs.mask(secrets)
         self.out.publisher = self._publisher(Masker(secrets))
