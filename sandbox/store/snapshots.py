@@ -390,9 +390,10 @@ class SnapshotStore:
                 self._make_repository(self.path)
 
     def _make_repository(self, path: Path) -> None:
-        """A store's bare repository at ``path`` (made in a staging folder, then renamed)."""
+        """A store's bare repository at ``path``: made in a staging folder and renamed into
+        place, or made whole where something half made is (git init is idempotent)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.name != TEMPLATE:
+        if path.exists():
             target = path
         else:
             target = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
