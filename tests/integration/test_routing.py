@@ -156,7 +156,11 @@ def test_turn_no_worker_took_is_sent_again_and_runs_once(
     assert terminal.type == "turn-complete"
     wait_for(lambda: env.redis().llen(queue) == 0, timeout=10, what="every copy taken")
     if not message_lost:  # the second copy was delivered, seen as this turn's, and dropped
-        wait_for(lambda: "turn.duplicate_" in worker.logs(), timeout=10, what="duplicate seen")
+        try:
+            wait_for(lambda: "turn.duplicate_" in worker.logs(), timeout=20, what="duplicate seen")
+        except AssertionError as exc:  # say what became of the second copy
+            tasks = [line for line in worker.logs().splitlines() if "run_turn" in line]
+            raise AssertionError(f"{exc}; the worker's task lines:\n" + "\n".join(tasks)) from exc
     else:
         assert "turn.duplicate_" not in worker.logs()
     events = [e for e in client.events(run_id) if e.turn == 1]
