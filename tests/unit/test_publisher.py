@@ -46,6 +46,10 @@ class CountingClient:
         self.round_trips += 1
         return self.inner.evalsha(*args)
 
+    @property
+    def connection_pool(self) -> Any:
+        return _CountingPool(self, self.inner.connection_pool)
+
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
         pipe = self.inner.pipeline(*args, **kwargs)
         execute = pipe.execute
@@ -59,6 +63,29 @@ class CountingClient:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class _CountingPool:
+    """A pool whose connections count each command sent by hand (a script call left
+    running) as a round trip."""
+
+    def __init__(self, owner: CountingClient, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    def get_connection(self) -> Any:
+        connection = self.inner.get_connection()
+        send = connection.send_command
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.owner.round_trips += 1
+            return send(*args, **kwargs)
+
+        connection.send_command = counted
+        return connection
+
+    def release(self, connection: Any) -> None:
+        del connection.send_command  # the pool's own again
+        self.inner.release(connection)
 
 
 def _publisher(client: Any, turn: int = 1, **kwargs: Any) -> RedisStreamPublisher:
@@ -136,6 +163,8 @@ def test_big_batch_split_into_bounded_script_calls(client: fakeredis.FakeRedis) 
     texts = [str(i) for i in range(SCRIPT_BATCH * 2 + 1)]
     assert publisher.publish(_texts(*texts)) is True
     assert counting.round_trips == 3
+    assert publisher.flush() is True
+    assert publisher.published == len(texts)
     entries = _entries(client)
     assert [json.loads(e[1]["data"])["text"] for e in entries] == texts
     assert [e[0] for e in entries] == [f"1-{i}" for i in range(len(texts))]
@@ -144,8 +173,10 @@ def test_big_batch_split_into_bounded_script_calls(client: fakeredis.FakeRedis) 
 @pytest.mark.parametrize("size", [1, SCRIPT_MIN], ids=["pipelined", "script"])
 def test_error_other_than_stored_id_is_raised(client: fakeredis.FakeRedis, size: int) -> None:
     client.set(STREAM, "not a stream")
-    with pytest.raises(redis.ResponseError):
-        _publisher(client).publish(_texts(*(str(i) for i in range(size))))
+    publisher = _publisher(client)
+    with pytest.raises(redis.ResponseError):  # a script call's, at the latest when flushed
+        publisher.publish(_texts(*(str(i) for i in range(size))))
+        publisher.flush()
 
 
 @pytest.mark.parametrize("size", [2, SCRIPT_MIN * 2], ids=["pipelined", "script"])
@@ -156,9 +187,67 @@ def test_retry_of_a_partly_stored_batch_stores_the_rest_once(
     _publisher(client).publish(_texts(*texts[: size // 2]))
     retry = _publisher(client)
     assert retry.publish(_texts(*texts)) is True
+    assert retry.flush() is True
     assert retry.published == size
     entries = _entries(client)
     assert [json.loads(e[1]["data"])["text"] for e in entries] == texts
+
+
+def test_a_big_batchs_reply_is_read_at_the_next_publish(client: fakeredis.FakeRedis) -> None:
+    publisher = _publisher(client)
+    texts = [str(i) for i in range(SCRIPT_MIN)]
+    assert publisher.publish(_texts(*texts)) is True
+    assert (publisher.pending, publisher.published) == (SCRIPT_MIN, 0)  # its reply unread
+    assert publisher.publish(_texts("next")) is True  # read first, then the next sent
+    assert (publisher.pending, publisher.published) == (0, SCRIPT_MIN + 1)
+    assert [e[0] for e in _entries(client)] == [f"1-{i}" for i in range(SCRIPT_MIN + 1)]
+
+
+def test_a_call_whose_connection_dropped_is_made_again_and_stores_once(
+    client: fakeredis.FakeRedis,
+) -> None:
+    publisher = _publisher(client)
+    texts = [str(i) for i in range(SCRIPT_MIN)]
+    publisher.publish(_texts(*texts))
+    (connection,) = client.connection_pool._in_use_connections  # the call's, reply unread
+    connection.disconnect()  # the reply is lost with it
+    assert publisher.flush() is True
+    assert publisher.published == SCRIPT_MIN
+    assert [json.loads(e[1]["data"])["text"] for e in _entries(client)] == texts
+    assert not client.connection_pool._in_use_connections  # back in the pool
+
+
+def test_a_script_redis_forgot_is_loaded_and_its_call_made_again(
+    client: fakeredis.FakeRedis,
+) -> None:
+    publisher = _publisher(client)
+    publisher.publish(_texts(*(str(i) for i in range(SCRIPT_MIN))))
+    assert publisher.flush() is True
+    client.script_flush()  # as after a Redis restart
+    texts = [str(i) for i in range(SCRIPT_MIN)]
+    assert publisher.publish(_texts(*texts)) is True
+    assert publisher.flush() is True
+    assert publisher.published == 2 * SCRIPT_MIN
+    assert len(_entries(client)) == 2 * SCRIPT_MIN
+
+
+@pytest.mark.parametrize("left_running", [False, True])
+def test_a_stream_that_went_on_without_us_drops_the_rest(
+    client: fakeredis.FakeRedis, left_running: bool
+) -> None:
+    publisher = _publisher(client)
+    other = _publisher(client)  # another writer ended the turn first, with these ids
+    other.publish([TurnComplete(text="done")])
+    assert other.flush() is True
+    size = SCRIPT_MIN
+    publisher.publish(_texts(*(str(i) for i in range(size))))
+    if not left_running:
+        assert publisher.flush() is True
+    publisher.publish(_texts("after"))
+    assert publisher.flush() is True
+    assert publisher.published == 0
+    assert publisher.dropped == size + 1
+    assert [e[1]["type"] for e in _entries(client)] == ["turn-complete"]
 
 
 def test_retried_batch_harmless_when_ids_already_stored(client: fakeredis.FakeRedis) -> None:

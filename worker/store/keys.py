@@ -17,7 +17,26 @@ class Script(Protocol):
     """A Lua script registered on a client (``register_script``): called by EVALSHA, loaded
     again by itself when Redis has forgotten it."""
 
+    sha: str
+
     def __call__(self, keys: Sequence[str] = ..., args: Sequence[Value] = ...) -> Any: ...
+
+
+class PooledConnection(Protocol):
+    """One connection of a client's pool, used by hand to send a command and read its reply
+    later (:class:`worker.store.lua.SentCall`)."""
+
+    def send_command(self, *args: Value) -> None: ...
+
+    def read_response(self) -> Any: ...
+
+    def disconnect(self) -> None: ...
+
+
+class ConnectionPool(Protocol):
+    def get_connection(self) -> PooledConnection: ...
+
+    def release(self, connection: PooledConnection) -> None: ...
 
 
 class SyncPipeline(Protocol):
@@ -166,6 +185,9 @@ class RedisClient(Protocol):
     def blpop(self, keys: Sequence[str], timeout: float = 0) -> tuple[str, str] | None: ...
 
     def register_script(self, script: str) -> Script: ...
+
+    @property
+    def connection_pool(self) -> ConnectionPool: ...
 
     def transaction(self, func: Callable[[Any], None], *watches: str) -> list[Any]:
         """WATCH ``watches``, call ``func`` with the pipeline (it reads, then calls ``multi()``

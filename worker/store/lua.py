@@ -15,8 +15,11 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+from redis.exceptions import NoScriptError
+
 from adapters.events import TERMINAL_TYPES
-from worker.store.keys import RedisClient, Script, Value
+from worker.store.errors import REDIS_ERRORS
+from worker.store.keys import PooledConnection, RedisClient, Script, Value
 from worker.store.status import FINISHED, IN_FLIGHT, lua_prelude
 
 SCRIPTS_DIR = Path(__file__).with_name("scripts")
@@ -44,12 +47,27 @@ class Scripts:
     only way the rest of the worker calls a script."""
 
     def __init__(self, client: RedisClient) -> None:
+        self._client = client
         self._loaded: dict[str, Script] = {
             name: client.register_script(source) for name, source in SOURCES.items()
         }
 
     def _call(self, name: str, keys: Sequence[str], args: Sequence[Value]) -> object:
         return self._loaded[name](keys=keys, args=args)
+
+    def _send(self, name: str, keys: Sequence[str], args: Sequence[Value]) -> SentCall:
+        """Send a call on a connection of its own, its reply read later (:class:`SentCall`)."""
+        pool = self._client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_command("EVALSHA", self._loaded[name].sha, len(keys), *keys, *args)
+        except REDIS_ERRORS:
+            connection.disconnect()
+            pool.release(connection)
+            # Nothing reached Redis, or a dead connection cut it short (a retried XADD_BATCH
+            # is harmless): the usual call, with the client's retry, in place.
+            return SentCall(self, name, keys, args, None, self._call(name, keys, args))
+        return SentCall(self, name, keys, args, connection)
 
     def begin_turn(self, record: str, now: float) -> tuple[int, str]:
         reply = self._call("begin_turn", [record], [now])
@@ -119,13 +137,14 @@ class Scripts:
     ) -> tuple[int, int]:
         """Append ``entries`` (id, type, data, ts) to ``stream``: how many were handled, and
         how many of those were dropped (see ``xadd_batch.lua``)."""
-        args: list[Value] = [maxlen]
-        for entry in entries:
-            args.extend(entry)
-        reply = self._call("xadd_batch", [stream], args)
-        assert isinstance(reply, list)
-        handled, dropped = reply
-        return int(handled), int(dropped)
+        return _xadd_reply(self._call("xadd_batch", [stream], _xadd_args(maxlen, entries)))
+
+    def send_xadd_batch(
+        self, stream: str, maxlen: int, entries: Sequence[tuple[str, str, str, str]]
+    ) -> SentCall:
+        """:meth:`xadd_batch` without waiting: Redis runs it while the caller goes on, and
+        :meth:`SentCall.reply` gives what :meth:`xadd_batch` returns."""
+        return self._send("xadd_batch", [stream], _xadd_args(maxlen, entries))
 
     def unbegin_turn(self, record: str, started: str, queued: str, turn: int, now: float) -> bool:
         return bool(self._call("unbegin_turn", [record, started, queued], [str(turn), now]))
@@ -192,3 +211,60 @@ def scripts(client: RedisClient) -> Scripts:
         if found is None:
             found = _registered[client] = Scripts(client)
         return found
+
+
+def _xadd_args(maxlen: int, entries: Sequence[tuple[str, str, str, str]]) -> list[Value]:
+    args: list[Value] = [maxlen]
+    for entry in entries:
+        args.extend(entry)
+    return args
+
+
+def _xadd_reply(reply: object) -> tuple[int, int]:
+    assert isinstance(reply, list)
+    handled, dropped = reply
+    return int(handled), int(dropped)
+
+
+class SentCall:
+    """A script call sent on a pooled connection of its own, its reply not yet read: the
+    caller does its own work while Redis runs the script. The connection stays out of the
+    pool until :meth:`reply` reads the answer (exactly once)."""
+
+    def __init__(
+        self,
+        scripts: Scripts,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Value],
+        connection: PooledConnection | None,
+        reply: object = None,
+    ) -> None:
+        self._scripts, self._name, self._keys, self._args = scripts, name, keys, args
+        self._connection = connection
+        self._reply = reply
+
+    def reply(self) -> tuple[int, int]:
+        """The call's reply (as :meth:`Scripts.xadd_batch`). Should the connection fail, or
+        Redis have forgotten the script, the call is made again the usual way: a script that
+        may have run already is one whose repeat is harmless (``xadd_batch.lua``)."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return _xadd_reply(self._reply)
+        pool = self._scripts._client.connection_pool
+        again = False
+        try:
+            reply = connection.read_response()
+        except NoScriptError:
+            again = True
+        except REDIS_ERRORS:
+            connection.disconnect()
+            again = True
+        except BaseException:
+            connection.disconnect()  # its reply may still be unread: never hand it out again
+            raise
+        finally:
+            pool.release(connection)
+        if again:
+            reply = self._scripts._call(self._name, self._keys, self._args)
+        return _xadd_reply(reply)

@@ -12,6 +12,7 @@ after that turn's terminal.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -22,7 +23,7 @@ from worker.observe import metrics
 from worker.observe.masking import Masker
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
-from worker.store.lua import scripts
+from worker.store.lua import SentCall, scripts
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,15 @@ class RedisStreamPublisher:
         self._scripts = scripts(client)
         self._pending: deque[tuple[str, str, str, str]] = deque()
         """(entry id, type, data, ts) of every event not yet stored."""
+        self._sent: tuple[SentCall, int] | None = None
+        """The script call left running (:meth:`publish`) and how many pending entries it holds."""
         self._retry_interval = retry_interval_s
         self._next_try = 0.0
         self.published = 0
         self.dropped = 0
+        self.superseded = False
+        """The turn's stream went on without this writer (another ended the turn): whatever
+        is published from then on is dropped."""
         self.retries = 0
 
     @property
@@ -78,7 +84,10 @@ class RedisStreamPublisher:
         return len(self._pending)
 
     def publish(self, events: Iterable[Event]) -> bool:
-        """Queue the events and try to send everything pending. True when nothing is left."""
+        """Queue the events and send what is pending; False when some wait for a retry (Redis
+        is unreachable). A big batch's last script call is left running in Redis, its reply
+        read at the next publish or flush: the worker parses the harness's next output
+        meanwhile. Its events are in the stream once Redis has run it, reply read or not."""
         ts = f"{time.time():.6f}"
         masker = self._masker if self._masker else None
         pending, turn, seq = self._pending, self.turn, self.seq
@@ -89,48 +98,79 @@ class RedisStreamPublisher:
             pending.append((f"{turn}-{seq}", event.type, data, ts))
             seq += 1
         self.seq = seq
-        return self.flush()
+        if self.superseded:  # the turn was ended without us: later events go after its terminal
+            self.dropped += len(pending)
+            pending.clear()
+            return True
+        return self._send(leave_last=True)
 
     def flush(self, *, force: bool = False) -> bool:
+        """Send everything pending and wait for it. True when nothing is left."""
+        return self._send(force=force)
+
+    def _send(self, *, force: bool = False, leave_last: bool = False) -> bool:
         if not self._pending:
             return True
         now = time.monotonic()
         if not force and now < self._next_try:
             return False
-        batch = list(self._pending)
-        delivered = dropped = 0
         try:
-            if len(batch) < SCRIPT_MIN:
-                delivered, dropped = self._xadd_pipelined(batch)
-            else:
-                # One script call per chunk of the batch (xadd_batch.lua): redis-py packed and
-                # parsed one XADD per event, most of our cost per event. The chunk bounds how
-                # long Redis is busy with one call (~3 ms).
-                for at in range(0, len(batch), SCRIPT_BATCH):
-                    chunk = batch[at : at + SCRIPT_BATCH]
-                    handled, dropped = self._scripts.xadd_batch(self._key, self._maxlen, chunk)
-                    delivered += handled
-                    if dropped:
-                        delivered = len(batch)
-                        dropped += len(batch) - at - len(chunk)
-                        break
+            if self._sent is not None:
+                self._settle()
+            if self._pending and not self._send_pending(leave_last):
+                # The connection dropped after some of a pipeline.
+                self._retry_later(now)
+                return False
         except REDIS_ERRORS as exc:
-            self._done(batch, delivered, dropped)
-            self.retries += 1
-            metrics.publish_retried()
-            self._next_try = now + self._retry_interval
+            self._retry_later(now)
             if self.retries == 1 or self.retries % 20 == 0:
                 log.warning(
                     "stream.publish_retry",
                     extra={"stream": self._key, "pending": len(self._pending), "error": str(exc)},
                 )
             return False
-        self._done(batch, delivered, dropped)
-        if delivered < len(batch):  # the connection dropped after some of a pipeline
-            self.retries += 1
-            metrics.publish_retried()
-            self._next_try = now + self._retry_interval
-            return False
+        return len(self._pending) == (self._sent[1] if self._sent else 0)
+
+    def _retry_later(self, now: float) -> None:
+        self.retries += 1
+        metrics.publish_retried()
+        self._next_try = now + self._retry_interval
+
+    def _settle(self) -> None:
+        """Read the reply of the call left running; its entries are the first pending."""
+        assert self._sent is not None
+        call, size = self._sent
+        self._sent = None  # a failed reply leaves its entries pending: they are sent again
+        handled, dropped = call.reply()
+        if dropped:  # the stream went on without us: nothing pending is published any more
+            handled, dropped = len(self._pending), dropped + len(self._pending) - size
+        self._done(list(itertools.islice(self._pending, handled)), handled, dropped)
+
+    def _send_pending(self, leave_last: bool) -> bool:
+        """Send what is pending; False when a dropped connection cut a pipeline short.
+        ``leave_last``: the last script call is left running (:attr:`_sent`)."""
+        batch = list(self._pending)
+        if len(batch) < SCRIPT_MIN:
+            delivered, dropped = self._xadd_pipelined(batch)
+            self._done(batch, delivered, dropped)
+            return delivered == len(batch)
+        # One script call per chunk of the batch (xadd_batch.lua): redis-py packed and parsed
+        # one XADD per event, most of our cost per event. The chunk bounds how long Redis is
+        # busy with one call (~3 ms).
+        for at in range(0, len(batch), SCRIPT_BATCH):
+            chunk = batch[at : at + SCRIPT_BATCH]
+            if leave_last and at + SCRIPT_BATCH >= len(batch):
+                self._sent = (
+                    self._scripts.send_xadd_batch(self._key, self._maxlen, chunk),
+                    len(chunk),
+                )
+                return True
+            handled, dropped = self._scripts.xadd_batch(self._key, self._maxlen, chunk)
+            if dropped:
+                rest = len(batch) - at
+                self._done(batch[at:], rest, dropped + rest - len(chunk))
+                return True
+            self._done(chunk, handled, 0)
         return True
 
     def _xadd_pipelined(self, batch: list[tuple[str, str, str, str]]) -> tuple[int, int]:
@@ -174,6 +214,7 @@ class RedisStreamPublisher:
         metrics.events_published(kind for _, kind, _, _ in batch[:stored])
         if dropped:
             self.dropped += dropped
+            self.superseded = True
             log.warning(
                 "stream.superseded",
                 extra={"stream": self._key, "turn": self.turn, "dropped": dropped},
