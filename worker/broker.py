@@ -31,8 +31,21 @@ TRANSPORT = f"{__name__}:Transport"
 
 class Channel(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._sync_client: Any = None
         super().__init__(*args, **kwargs)
         self._broker_params: dict[str, Any] = super()._connparams(asynchronous=False)
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        """kombu builds a new ``redis.Redis`` (~60 us: its reply callbacks) for every publish,
+        ack and unacked-index write, three task events per turn among them. One client per
+        pool does: a client is safe to share between threads, and each pipeline is its own."""
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        pool = self.pool
+        client = self._sync_client
+        if client is None or client.connection_pool is not pool:
+            client = self._sync_client = super()._create_client()
+        return client
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         transport = self.connection

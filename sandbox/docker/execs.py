@@ -27,6 +27,7 @@ from typing import Any, Protocol, cast
 
 from sandbox.base import Chunk, SandboxError, SandboxGone, StartFailed
 from sandbox.chunks import ChunkQueue
+from sandbox.docker.raw_api import RawApi
 from sandbox.docker.scripts import (
     MARKER_ENV,
     SENTINEL,
@@ -34,7 +35,7 @@ from sandbox.docker.scripts import (
     parse_sentinel,
     wrapper_argv,
 )
-from sandbox.docker.stream import STDOUT, ExecStreamError, RawEndpoint, frames, open_exec_stream
+from sandbox.docker.stream import STDOUT, DaemonRefused, RawEndpoint, frames, open_exec_stream
 from sandbox.stdin_pipe import StdinPipe
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class ExecTransport:
         self._seam = seam
         self._raw = raw
         self._api_timeout = api_timeout
+        self._api = (
+            None if raw is None else RawApi(raw, lambda: str(client().api.api_version), api_timeout)
+        )
 
     def start(
         self,
@@ -165,6 +169,9 @@ class ExecTransport:
         stdin: bool = False,
         run_id: str | None = None,
     ) -> str:
+        if self._api is not None:
+            with self._seam(action, run_id=run_id):
+                return self._api.exec_create(container, argv, env=env, stdin=stdin, workdir="/")
         with self._seam(action, run_id=run_id):
             created = self._client().api.exec_create(
                 container,
@@ -188,7 +195,7 @@ class ExecTransport:
                     sock, initial = open_exec_stream(
                         self._raw, api_version, exec_id, self._api_timeout
                     )
-                except ExecStreamError as exc:
+                except DaemonRefused as exc:
                     if exc.status in (404, 409):
                         raise SandboxGone(
                             f"the container of run {run_id} is gone: {exc}", hint=GONE_HINT
@@ -203,6 +210,8 @@ class ExecTransport:
 
     def inspect(self, exec_id: str) -> dict[str, Any]:
         with self._seam("inspect an exec"):
+            if self._api is not None:
+                return self._api.exec_inspect(exec_id)
             return cast(dict[str, Any], self._client().api.exec_inspect(exec_id))
 
     def _await_sentinel(

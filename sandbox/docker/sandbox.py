@@ -30,6 +30,7 @@ Every Docker SDK and ``requests`` error is translated here, by :meth:`DockerSand
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import shutil
@@ -73,7 +74,7 @@ from sandbox.docker.egress import EgressConfig
 from sandbox.docker.execs import GONE_HINT, DockerProcess, ExecTransport
 from sandbox.docker.gateway import Gateway
 from sandbox.docker.placements import KnownPlacements
-from sandbox.docker.stream import RawEndpoint
+from sandbox.docker.stream import DaemonRefused, RawEndpoint
 from sandbox.docker.warm_pool import POOL_PREFIX, ContainerPool
 from sandbox.procs import parse_processes, processes_argv
 from sandbox.store.snapshots import SnapshotStore
@@ -476,26 +477,33 @@ class DockerSandbox:
             raise ImageMissing(
                 f"image {image or '?'} is not on this Docker host", hint=BUILD_HINT
             ) from exc
+        except DaemonRefused as exc:
+            raise _refused(action, run_id, exc.status, exc.message) from exc
         except docker.errors.NotFound as exc:
-            raise SandboxGone(
-                f"cannot {action}: the container of run {run_id or '?'} is gone "
-                f"({exc.explanation})",
-                hint=GONE_HINT,
-            ) from exc
+            raise _refused(action, run_id, 404, str(exc.explanation)) from exc
         except docker.errors.APIError as exc:
-            explanation = str(exc.explanation or exc)
-            if exc.status_code == 409 and "not running" in explanation:
-                raise SandboxGone(
-                    f"cannot {action}: the container of run {run_id or '?'} is not running",
-                    hint=GONE_HINT,
-                ) from exc
-            raise SandboxError(
-                f"Docker refused to {action}: {explanation}",
-                hint="see the daemon log for details",
-            ) from exc
+            raise _refused(action, run_id, exc.status_code, str(exc.explanation or exc)) from exc
         except (
             requests.exceptions.RequestException,
             docker.errors.DockerException,
+            http.client.HTTPException,
             OSError,
         ) as exc:
             raise self._unavailable(action, exc) from exc
+
+
+def _refused(action: str, run_id: str | None, status: int | None, explanation: str) -> SandboxError:
+    """An error status of the daemon's, whichever client heard it (the SDK or ours)."""
+    if status == 404:
+        return SandboxGone(
+            f"cannot {action}: the container of run {run_id or '?'} is gone ({explanation})",
+            hint=GONE_HINT,
+        )
+    if status == 409 and "not running" in explanation:
+        return SandboxGone(
+            f"cannot {action}: the container of run {run_id or '?'} is not running",
+            hint=GONE_HINT,
+        )
+    return SandboxError(
+        f"Docker refused to {action}: {explanation}", hint="see the daemon log for details"
+    )

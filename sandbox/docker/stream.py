@@ -30,12 +30,15 @@ _RECV = 256 * 1024
 _MAX_RESPONSE_HEAD = 64 * 1024
 
 
-class ExecStreamError(Exception):
-    """The daemon refused to start the exec; ``status`` is its HTTP status."""
+class DaemonRefused(Exception):
+    """The daemon answered a request we spoke ourselves (an exec's start here, its create and
+    inspect in :mod:`sandbox.docker.raw_api`) with an error status: ``status``, and its own
+    ``message``."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def open_exec_stream(
     """Start exec ``exec_id`` attached; return the upgraded socket (blocking, no timeout) and
     the stream bytes that arrived with the response headers.
 
-    Raises :class:`ExecStreamError` when the daemon answers with an error status, and
+    Raises :class:`DaemonRefused` when the daemon answers with an error status, and
     ``OSError`` when it cannot be reached: neither leaves the Docker backend, whose exec seam
     (:mod:`sandbox.docker.execs`) translates both into the :class:`~sandbox.base.SandboxError`
     tree.
@@ -107,7 +110,7 @@ def open_exec_stream(
         if status in (101, 200):
             sock.settimeout(None)  # a quiet turn may send nothing for a long time
             return sock, rest
-        raise ExecStreamError(status, _error_message(sock, head, rest))
+        raise DaemonRefused(status, _error_message(sock, head, rest))
     except BaseException:
         sock.close()
         raise

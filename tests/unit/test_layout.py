@@ -193,8 +193,8 @@ def test_every_module_says_what_it_is(path: Path) -> None:
 
 
 # Exceptions of ours that never leave the module that raises them: the Docker backend's exec
-# seam translates ExecStreamError; a private class (a leading underscore) is caught inside.
-INTERNAL_EXCEPTIONS = {"sandbox.docker.stream.ExecStreamError"}
+# seam translates DaemonRefused; a private class (a leading underscore) is caught inside.
+INTERNAL_EXCEPTIONS = {"sandbox.docker.stream.DaemonRefused"}
 
 
 def _modules(files: list[Path]) -> list[str]:
