@@ -32,6 +32,7 @@ class Sizes:
     concurrent_turns: int
     concurrent_sleep_s: float
     first_turn_repeats: int
+    concurrent_repeats: int
     bigline_bytes: int
     bigstream_bytes: int
     bigstream_line_bytes: int
@@ -50,6 +51,7 @@ PROFILES: dict[str, Sizes] = {
         concurrent_turns=64,
         concurrent_sleep_s=2.0,
         first_turn_repeats=5,
+        concurrent_repeats=3,
         bigline_bytes=100_000_000,
         bigstream_bytes=1_000_000_000,
         bigstream_line_bytes=1024,
@@ -65,6 +67,7 @@ PROFILES: dict[str, Sizes] = {
         concurrent_turns=64,
         concurrent_sleep_s=2.0,
         first_turn_repeats=2,
+        concurrent_repeats=1,
         bigline_bytes=100_000_000,
         bigstream_bytes=100_000_000,
         bigstream_line_bytes=1024,
@@ -79,6 +82,7 @@ PROFILES: dict[str, Sizes] = {
         concurrent_turns=4,
         concurrent_sleep_s=0.5,
         first_turn_repeats=1,
+        concurrent_repeats=1,
         bigline_bytes=10_000_000,
         bigstream_bytes=4_000_000,
         floor_tasks=50,

@@ -171,6 +171,8 @@ def publish_all(
     for at in range(0, len(events), batch):
         if not publisher.publish(events[at : at + batch]):
             raise RuntimeError("the private Redis refused a batch")
+    if not publisher.flush(force=True):  # the last batch's call may still be running
+        raise RuntimeError("the private Redis refused a batch")
     return publisher
 
 

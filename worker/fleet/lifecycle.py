@@ -218,9 +218,15 @@ def start_reaper(deps: TurnDeps) -> threading.Event:
     tick = min(max(deps.settings.reap_interval_s / 4, 0.5), 15.0)
 
     def loop() -> None:
+        first = True
         while True:
             try:
                 reap_pass(deps)
+                if first:
+                    # A worker warms its pool as it starts, though the host's lock may be
+                    # another worker's (one that just stopped holds it for an interval).
+                    warm_pools(deps)
+                    first = False
             except Exception as exc:  # noqa: BLE001 -- Redis or Docker away: next tick
                 log.warning("reaper.pass_failed", extra={"error": str(exc)})
             if stop.wait(tick):
