@@ -131,10 +131,10 @@ class Gateway:
             existing = None
         if existing is not None:
             same = (existing.labels or {}).get(LABEL_CONFIG) == fingerprint
-            if same and existing.status == "running":
-                return
-            if same and existing.status == "created":
-                # Another worker made it and is about to start it: wait, as that worker does.
+            if same and existing.status in ("created", "running"):
+                # Another worker made it and is starting it (or started it a moment ago, its
+                # squid perhaps not up yet: a reload would find no squid to reconfigure):
+                # wait until it is ready, as that worker does. One check when it is.
                 self._wait_healthy(existing, timeout=30.0)
                 return
             log.info(
