@@ -29,7 +29,7 @@ class _Connection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         self.sock = self._endpoint.connect(self.timeout if self.timeout is not None else 60.0)
-        if isinstance(self.sock, socket.socket) and self._endpoint.unix_path is None:
+        if self._endpoint.unix_path is None:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
@@ -74,13 +74,6 @@ class RawApi:
         reply = self._request("GET", f"/exec/{quote(exec_id, safe='')}/json")
         assert isinstance(reply, dict)
         return reply
-
-    def close(self) -> None:
-        """Close this thread's connection (others close with their threads)."""
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
-            connection.close()
-            self._local.connection = None
 
     def _request(self, method: str, path: str, body: object = None) -> Any:
         payload = None if body is None else json.dumps(body).encode()

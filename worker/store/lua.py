@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from redis.exceptions import NoScriptError
 
 from adapters.events import TERMINAL_TYPES
 from worker.store.errors import REDIS_ERRORS
-from worker.store.keys import PooledConnection, RedisClient, Script, Value
+from worker.store.keys import ConnectionPool, PooledConnection, RedisClient, Script, Value
 from worker.store.status import FINISHED, IN_FLIGHT, lua_prelude
 
 SCRIPTS_DIR = Path(__file__).with_name("scripts")
@@ -58,6 +58,10 @@ class Scripts:
     def _send(self, name: str, keys: Sequence[str], args: Sequence[Value]) -> SentCall:
         """Send a call on a connection of its own, its reply read later (:class:`SentCall`)."""
         pool = self._client.connection_pool
+
+        def again() -> object:
+            return self._call(name, keys, args)
+
         connection = pool.get_connection()
         try:
             connection.send_command("EVALSHA", self._loaded[name].sha, len(keys), *keys, *args)
@@ -66,8 +70,8 @@ class Scripts:
             pool.release(connection)
             # Nothing reached Redis, or a dead connection cut it short (a retried XADD_BATCH
             # is harmless): the usual call, with the client's retry, in place.
-            return SentCall(self, name, keys, args, None, self._call(name, keys, args))
-        return SentCall(self, name, keys, args, connection)
+            return SentCall(pool, None, again, self._call(name, keys, args))
+        return SentCall(pool, connection, again)
 
     def begin_turn(self, record: str, now: float) -> tuple[int, str]:
         reply = self._call("begin_turn", [record], [now])
@@ -233,16 +237,12 @@ class SentCall:
 
     def __init__(
         self,
-        scripts: Scripts,
-        name: str,
-        keys: Sequence[str],
-        args: Sequence[Value],
+        pool: ConnectionPool,
         connection: PooledConnection | None,
+        again: Callable[[], object],
         reply: object = None,
     ) -> None:
-        self._scripts, self._name, self._keys, self._args = scripts, name, keys, args
-        self._connection = connection
-        self._reply = reply
+        self._pool, self._connection, self._again, self._reply = pool, connection, again, reply
 
     def reply(self) -> tuple[int, int]:
         """The call's reply (as :meth:`Scripts.xadd_batch`). Should the connection fail, or
@@ -251,7 +251,6 @@ class SentCall:
         connection, self._connection = self._connection, None
         if connection is None:
             return _xadd_reply(self._reply)
-        pool = self._scripts._client.connection_pool
         again = False
         try:
             reply = connection.read_response()
@@ -264,7 +263,7 @@ class SentCall:
             connection.disconnect()  # its reply may still be unread: never hand it out again
             raise
         finally:
-            pool.release(connection)
+            self._pool.release(connection)
         if again:
-            reply = self._scripts._call(self._name, self._keys, self._args)
+            reply = self._again()
         return _xadd_reply(reply)
