@@ -1,9 +1,12 @@
-"""Row 1's floor: what Celery itself costs a turn on this broker, with our settings.
+"""Rows 1 and 4's floor: what Celery itself costs a turn on this broker, with our settings.
 
-``celery -A bench.celery_floor worker`` runs one task, ``bench.floor``, that XADDs one entry
-to the stream it is given: an empty turn. The app takes every transport setting from
-``worker.app.create_app`` (broker, serializer, late acks, prefetch, pool, concurrency, task
-events), so the floor moves when ours does; it loads none of our tasks or worker hooks.
+``celery -A bench.celery_floor worker`` runs two tasks: ``bench.floor`` XADDs one entry to
+the stream it is given (an empty turn); ``bench.floor-harness`` runs a bare harness first (a
+subprocess, or an exec in a running container through the SDK, as row 4's baseline does)
+and then XADDs (a turn with none of our code: Celery's dispatch plus the harness). The app
+takes every transport setting from ``worker.app.create_app`` (broker, serializer, late acks,
+prefetch, pool, concurrency, task events), so the floor moves when ours does; it loads none
+of our tasks or worker hooks.
 :func:`round_trip` times ``send_task`` -> that entry seen by ``XREAD BLOCK``, the way row 1
 times a turn.
 """
@@ -14,6 +17,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from bench.context import Bench
 
 TASK = "bench.floor"
+HARNESS_TASK = "bench.floor-harness"
 QUEUE_SUFFIX = ".bench-floor"
 SHARED = (
     "task_serializer",
@@ -61,9 +66,26 @@ def make_app(settings: Settings) -> Celery:
     app.conf.task_default_queue = queue
     client = redis.Redis.from_url(settings.redis_url)
 
+    raw: list[Any] = []
+    raw_lock = threading.Lock()
+
     @app.task(name=TASK)
     def floor(stream: str, token: str) -> None:
         client.xadd(stream, {"token": token, "ts": repr(time.time())})
+
+    @app.task(name=HARNESS_TASK)
+    def floor_harness(stream: str, token: str, container: str, argv: list[str], stdin: str) -> None:
+        if container:
+            with raw_lock:
+                if not raw:
+                    from bench.docker_raw import RawDocker
+
+                    raw.append(RawDocker())
+            out, _ = raw[0].exec(container, argv, stdin.encode())
+        else:
+            out = subprocess.run(argv, input=stdin.encode(), capture_output=True).stdout
+        ok = b'"complete"' in out
+        client.xadd(stream, {"token": token, "ts": repr(time.time()), "ok": str(int(ok))})
 
     return app
 
@@ -124,6 +146,48 @@ def throughput(app: Celery, r: redis.Redis, stream: str, count: int) -> tuple[fl
     return count / sent, count / (time.perf_counter() - started)
 
 
+def burst(
+    app: Celery,
+    r: redis.Redis,
+    stream: str,
+    jobs: list[tuple[str, list[str], str]],
+    timeout_s: float = 300.0,
+) -> tuple[float, int]:
+    """One ``bench.floor-harness`` task per job (container or '', argv, stdin), sent by a
+    thread each, released together, as row 4 submits its turns: (seconds from the release
+    to the last task's entry seen, how many harnesses completed)."""
+    token = os.urandom(8).hex()
+    last = r.xrevrange(stream, count=1)
+    cursor: Any = last[0][0] if last else "0-0"
+    queue = app.conf.task_default_queue
+    gate = threading.Barrier(len(jobs) + 1)
+
+    def send(job: tuple[str, list[str], str]) -> None:
+        gate.wait()
+        app.send_task(HARNESS_TASK, args=[stream, token, *job], queue=queue)
+
+    threads = [threading.Thread(target=send, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    gate.wait()
+    started = time.perf_counter()
+    seen = completed = 0
+    deadline = time.monotonic() + timeout_s
+    while seen < len(jobs) and time.monotonic() < deadline:
+        for _, entries in r.xread({stream: cursor}, count=1000, block=1000) or ():
+            for entry_id, fields in entries:
+                cursor = entry_id
+                if fields[b"token"].decode() == token:
+                    seen += 1
+                    completed += fields[b"ok"] == b"1"
+    wall = time.perf_counter() - started
+    for thread in threads:
+        thread.join()
+    if seen < len(jobs):
+        raise TimeoutError(f"{len(jobs) - seen} of {len(jobs)} floor harness tasks did not run")
+    return wall, completed
+
+
 def wait_ready(app: Celery, r: redis.Redis, stream: str, proc: subprocess.Popen[bytes]) -> None:
     """Block until the floor worker runs a task (it is consuming)."""
     deadline = time.monotonic() + 60
@@ -148,6 +212,8 @@ class Floor:
     """Seconds from a send to the task's entry seen (:func:`round_trip`)."""
     throughput: Callable[[int], tuple[float, float]]
     """(sends/s, tasks run/s) of that many tasks (:func:`throughput`)."""
+    burst: Callable[[list[tuple[str, list[str], str]]], tuple[float, int]]
+    """(wall, completed) of bare harnesses through Celery at once (:func:`burst`)."""
 
 
 @contextlib.contextmanager
@@ -160,7 +226,11 @@ def running(bench: Bench) -> Iterator[Floor]:
     stream = f"{env.prefix}:bench-floor"
     try:
         wait_ready(app, r, stream, proc)
-        yield Floor(lambda: round_trip(app, r, stream), lambda n: throughput(app, r, stream, n))
+        yield Floor(
+            lambda: round_trip(app, r, stream),
+            lambda n: throughput(app, r, stream, n),
+            lambda jobs: burst(app, r, stream, jobs),
+        )
     finally:
         proc.terminate()
         try:
