@@ -480,9 +480,10 @@ class RunStore:
         entry = queued.read(self.redis, self.keys, run_id, turn)
         return None if entry is None else entry.first_sent_at
 
-    def expire(self, run_id: str, seconds: int) -> None:
-        """Give the run's keys ``seconds`` to live, and its listing indexes at least as long."""
-        found = self.find(run_id)
+    def expire(self, run_id: str, seconds: int, record: RunRecord | None = None) -> None:
+        """Give the run's keys ``seconds`` to live, and its listing indexes at least as long
+        (those of ``record``, when the caller has read it, else of the record read now)."""
+        found = record if record is not None else self.find(run_id)
         pipe = self.redis.pipeline()
         for key in self.keys.run_keys(run_id):
             pipe.expire(key, seconds)

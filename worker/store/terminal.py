@@ -24,7 +24,7 @@ from worker.observe.masking import Masker
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, RedisClient
 from worker.store.publisher import RedisStreamPublisher
-from worker.store.records import RecordChanges, RunStore
+from worker.store.records import RecordChanges, RunRecord, RunStore
 from worker.store.status import RunStatus
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,10 @@ class TurnRef:
     run_id: str
     turn: int
     harness: str
+    record: RunRecord | None = None
+    """The run's record as the turn read it, when it did: its listing identity (tenant,
+    harness, labels), which never changes, saves a read when the turn's end renews the
+    run's keys."""
 
 
 Caller = str
@@ -140,7 +144,7 @@ def write_terminal(
         patience.call(lambda: ref.store.append_transcript(ref.run_id, ref.turn, said, answered))
     # A failed run keeps nothing to come back to; any other keeps its record past its lease.
     keep_s = settings.retention_s + (0 if run_status == "failed" else settings.run_lease_s)
-    patience.call(lambda: ref.store.expire(ref.run_id, keep_s))
+    patience.call(lambda: ref.store.expire(ref.run_id, keep_s, ref.record))
     return True
 
 

@@ -44,7 +44,7 @@ from sandbox.base import (
 )
 from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
 from worker.deps import Shutdown, TurnDeps
-from worker.errors import InvalidInput, RunNotFound
+from worker.errors import InvalidInput
 from worker.observe import harness_telemetry, logs, metrics, tracing
 from worker.observe.masking import Masker
 from worker.options.policy import (
@@ -89,13 +89,16 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
     Once claimed, the turn is ended here on every path, an error of the worker included.
     """
     run_id, turn = payload.run_id, payload.turn
-    try:
-        options = deps.store.options(run_id)
-    except RunNotFound:
+    # The one read of the record a turn makes before it runs: what it uses of it (options,
+    # the spend so far, the session to resume, the container, the listing identity) was
+    # written by earlier turns, all ended before this one was begun.
+    record = deps.store.find(run_id)
+    options = record.options if record is not None else None
+    if record is None or options is None:
         log.warning("turn.unknown_run", extra={"run_id": run_id, "turn": turn})
         return "unknown-run"
 
-    life = TurnLife(deps, run_id, turn, options.harness)
+    life = TurnLife(deps, run_id, turn, options.harness, record)
     if parking.defer_if_early(deps, payload):
         return "deferred"
     hold = slots.take(deps, payload, options)
@@ -111,12 +114,13 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
     deps.shutdown.enter()
     try:
         # Claimed: from here on every path ends the turn and releases it (a Redis error too).
-        life.patience.call(lambda: parking.resumed(deps, run_id, turn))
+        if record.status == "parked":
+            life.patience.call(lambda: parking.resumed(deps, run_id, turn))
         entry = life.patience.call(lambda: queued.take(deps.redis, deps.keys, run_id, turn))
         if entry is not None:
             tracing.past_span("queue wait", entry.first_sent_at, time.time())
             metrics.queue_waited(options.harness, time.time() - entry.first_sent_at)
-        outcome = _run(deps, payload, options, life)
+        outcome = _run(deps, payload, options, record, life)
     except Exception as exc:
         log.exception("turn.internal_error", extra={"run_id": run_id, "turn": turn})
         if not life.ended:
@@ -134,15 +138,17 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
     return outcome
 
 
-def _run(deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLife) -> str:
+def _run(
+    deps: TurnDeps, payload: TurnPayload, options: RunOptions, record: RunRecord, life: TurnLife
+) -> str:
     """The steps of a claimed turn: admit it, prepare its workspace and sandbox, run the
     harness (again, fresh, when its resume is rejected), record what it did, and close."""
     with tracing.turn_span(options.harness, payload.run_id, payload.turn, options.model):
         run = _TurnRun(deps, payload, options, life)
-        admitted = run.admit()
+        admitted = run.admit(record)
         if isinstance(admitted, str):
             return admitted
-        record, resolved, secrets = admitted
+        resolved, secrets = admitted
         refused = run.check_tools()
         if refused is not None:
             return refused
@@ -244,7 +250,7 @@ class _TurnRun:
 
     # -- admit: cancelled, policy, input, budget; then the credential -----------------------
 
-    def admit(self) -> str | tuple[RunRecord, Resolved, dict[str, str]]:
+    def admit(self, record: RunRecord) -> str | tuple[Resolved, dict[str, str]]:
         deps, settings, run_id = self.deps, self.deps.settings, self.run_id
         if self.wait(lambda: deps.redis.exists(deps.keys.cancel(run_id, self.turn))):
             return self.refuse(
@@ -260,7 +266,6 @@ class _TurnRun:
                 session_error(str(exc), "invalid-input"),
                 run_status=_status_after_refusal(self.turn),
             )
-        record = self.wait(lambda: deps.store.record(run_id))
         over = budgets.refusal(record, settings)
         if over is not None:
             metrics.budget_stopped(self.options.harness, over.budget, "before")
@@ -272,7 +277,7 @@ class _TurnRun:
         secrets[CREDENTIAL_ENV] = self.life.issue_credential()
         logs.mask(secrets)
         self.out.publisher = self._publisher(Masker(secrets))
-        return record, resolved, secrets
+        return resolved, secrets
 
     # -- prepare: the run's host, its workspace (seeded on turn 1), its sandbox ---------------
 
@@ -302,7 +307,7 @@ class _TurnRun:
                 placement = self._place(sandbox, resolved, record)
         except _Refused as refused:
             return refused.label
-        self._record_placement(placement, resolved)
+        self._record_placement(placement, resolved, record)
         try:
             self.attachments = workspace_attachments.place(
                 workspace_steps.binary_client_for(deps.settings.redis_url),
@@ -364,9 +369,12 @@ class _TurnRun:
             ) from exc
         return placement
 
-    def _record_placement(self, placement: Placement, resolved: Resolved) -> None:
+    def _record_placement(
+        self, placement: Placement, resolved: Resolved, record: RunRecord
+    ) -> None:
         deps, settings, run_id = self.deps, self.deps.settings, self.run_id
-        self.wait(lambda: deps.store.mark_running(run_id))
+        if record.status == "starting":  # a new run's first turn (no later turn starts it)
+            self.wait(lambda: deps.store.mark_running(run_id))
         egress_allow = (
             egress_allowlist(settings, self.options.harness, self.options.base_url)
             if resolved.network == "egress"
@@ -540,7 +548,7 @@ class _TurnRun:
                 )
             out.send([change])
             if change.snapshot:
-                self.wait(lambda: deps.store.update(run_id, snapshot=change.snapshot))
+                self.life.changes["snapshot"] = change.snapshot
         final_text = terminal.text if isinstance(terminal, TurnComplete) else None
         refused_next = self.guard.next_turn_refusal(out.usage) is not None
         with tracing.span("park") as park_span:

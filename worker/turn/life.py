@@ -21,7 +21,7 @@ from worker.store import credentials, lua
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import RedisClient
 from worker.store.publisher import RedisStreamPublisher
-from worker.store.records import RecordChanges
+from worker.store.records import RecordChanges, RunRecord
 from worker.store.status import RunStatus
 from worker.store.terminal import (
     NO_USAGE,
@@ -104,13 +104,24 @@ class TurnLife:
     """A turn taken by this worker: claimed, heartbeating from its claim to its release,
     holding the run's credential, and ended exactly once through :meth:`end`."""
 
-    def __init__(self, deps: TurnDeps, run_id: str, turn: int, harness: str) -> None:
+    def __init__(
+        self,
+        deps: TurnDeps,
+        run_id: str,
+        turn: int,
+        harness: str,
+        record: RunRecord | None = None,
+    ) -> None:
         self.deps = deps
-        self.ref = TurnRef(deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness)
+        self.ref = TurnRef(
+            deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness, record
+        )
         self.patience = Patience()
         self.publisher: RedisStreamPublisher | None = None
         """The turn's publisher once it has published its ``turn-started``."""
         self.usage: Callable[[], Usage] = lambda: NO_USAGE
+        self.changes = RecordChanges()
+        """Facts of the turn its end writes into the record with its terminal, on any path."""
         self._owner_key = deps.keys.turn_owner(run_id, turn)
         self._token = ""
         self.ended = False
@@ -211,6 +222,9 @@ class TurnLife:
         if self.ended:
             raise RuntimeError("a turn ends once")
         self.ended = True
+        merged = RecordChanges()
+        merged.update(self.changes)
+        merged.update(changes or {})
         write_terminal(
             self.ref,
             terminal,
@@ -218,7 +232,7 @@ class TurnLife:
             caller=f"owner:{self._token}",
             publisher=self.publisher,
             usage=self.usage(),
-            changes=changes,
+            changes=merged,
             transcript=transcript,
             patience=self.patience,
         )
