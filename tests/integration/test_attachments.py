@@ -186,7 +186,8 @@ def test_what_the_client_refuses_creates_nothing(
     for options, message in refusals:
         with pytest.raises(InvalidInput, match=message):
             client.start_run("stdio-json", "hi", executable=DEMO, **options)
-    assert set(r.scan_iter(f"{shared_env.prefix}:*")) == before
+    # Nothing new (an earlier test's turn may still be dropping its owner key meanwhile).
+    assert set(r.scan_iter(f"{shared_env.prefix}:*")) - before == set()
 
 
 def test_the_worker_checks_the_uploaded_bytes_again(
