@@ -82,18 +82,14 @@ def measure(bench: Bench, backend: str, floor: Callable[[], float]) -> dict[str,
     return out
 
 
-WRAPPER_LIKE = 'pipes=$(readlink "/proc/$$/fd/1" "/proc/$$/fd/2"); exec "$@"'
-"""What the Docker sandbox's exec wrapper costs beyond a bare exec: a shell, and a fork for
-readlink (the pipe identities its kill script needs)."""
-
-
 def docker_split(bench: Bench, run_id: str, turns: int) -> dict[str, list[float]]:
     """The Docker sandbox's share of a turn, measured in this process on the run's container
-    with the same calls the worker makes, next to a bare exec and a bare exec through a
-    wrapper-like shell."""
+    with the same calls the worker makes, next to a bare exec and a bare exec through the
+    sandbox's exec wrapper."""
     from bench.docker_raw import RawDocker
     from sandbox.base import ExecSpec, RunSpec
     from sandbox.docker.sandbox import DockerSandbox
+    from sandbox.docker.scripts import wrapper_argv
 
     sandbox = DockerSandbox(bench.tmp / "split", scope=bench.env.scope)
     spec = RunSpec(run_id=run_id, image="harness-worker/demo:1", network="none")
@@ -117,8 +113,10 @@ def docker_split(bench: Bench, run_id: str, turns: int) -> dict[str, list[float]
             t4 = time.perf_counter()
             container = placement.container_id or ""
             bare = raw.timed_exec(container, ["harness-demo"], NOOP.encode())
+            # What the exec wrapper costs beyond a bare exec: a shell, its checks, the scan
+            # for strays, the pipes' identities (what the kill script needs).
             bare_sh = raw.timed_exec(
-                container, ["/bin/sh", "-c", WRAPPER_LIKE, "sh", "harness-demo"], NOOP.encode()
+                container, wrapper_argv("/workspace", ["harness-demo"]), NOOP.encode()
             )
             for name, value in zip(
                 out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, bare, bare_sh), strict=True
@@ -219,7 +217,7 @@ def run(bench: Bench) -> RowResult:
                 Figure("docker:   in the sandbox: all of it vs bare exec p50",
                        ms["prepare"] + ms["start"] + ms["output"] + ms["exit"], ms["bare"],
                        "ms"),
-                Figure("docker:   bare exec through sh + readlink vs bare exec p50",
+                Figure("docker:   bare exec through the wrapper vs bare exec p50",
                        ms["bare_sh"], ms["bare"], "ms"),
             )  # fmt: skip
         result.checks[f"{backend}: every no-op turn ended with turn-complete"] = (
