@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -72,15 +73,22 @@ class Heartbeats:
             return slot in self._held
 
     def _beat_forever(self) -> None:
+        # A new hold only wakes the thread to recompute its interval: its claim has just set
+        # the owner key with a full TTL, so the next beat is due one interval after the last.
+        last = time.monotonic()
         while True:
             with self._lock:
                 held = list(self._held.values())
-            interval = min((ttl / 3 for *_, ttl in held), default=1.0)
-            self._changed.wait(max(interval, 0.2))
+            interval = max(min((ttl / 3 for *_, ttl in held), default=1.0), 0.2)
+            due = last + interval
+            self._changed.wait(max(due - time.monotonic(), 0.0))
             self._changed.clear()
+            if time.monotonic() < due:
+                continue
             with self._lock:
                 held = list(self._held.values())
             self.beat(held)
+            last = time.monotonic()
 
     @staticmethod
     def beat(held: list[tuple[RedisClient, str, str, int]]) -> None:

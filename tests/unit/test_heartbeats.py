@@ -1,0 +1,41 @@
+"""The owner heartbeats: one thread keeps every held owner key alive, beating once per third
+of its TTL, and a new hold does not beat at once (its claim has just set the key)."""
+
+from __future__ import annotations
+
+import time
+
+import fakeredis
+
+from worker.turn.life import Heartbeats
+
+
+def test_a_held_key_is_set_again_every_third_of_its_ttl_and_not_at_once_when_held() -> None:
+    r = fakeredis.FakeRedis()
+    beats = Heartbeats()
+    r.set("owner:a", "token-a", ex=100)  # as the claim script leaves it, with a long TTL
+    beats.hold(("p", "a", 1), r, "owner:a", "token-a", 3)
+    time.sleep(0.3)
+    assert r.ttl("owner:a") > 90  # no beat yet: the claim has just set it
+
+    deadline = time.monotonic() + 3.0
+    while r.ttl("owner:a") > 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert 0 < r.ttl("owner:a") <= 3  # beaten within one interval (1 s), with the hold's TTL
+
+    beats.drop(("p", "a", 1))
+    r.delete("owner:a")
+    time.sleep(1.3)
+    assert r.get("owner:a") is None  # never again after a release
+
+
+def test_every_held_key_keeps_living_past_its_ttl() -> None:
+    r = fakeredis.FakeRedis()
+    beats = Heartbeats()
+    for name in ("a", "b"):
+        r.set(f"owner:{name}", name, ex=1)
+        beats.hold(("p", name, 1), r, f"owner:{name}", name, 1)
+    time.sleep(2.5)
+    assert r.get("owner:a") == b"a" and r.get("owner:b") == b"b"
+    for name in ("a", "b"):
+        beats.drop(("p", name, 1))
