@@ -260,11 +260,13 @@ class DockerSandbox:
         self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str], *, new: bool
     ) -> DockerProcess:
         """The turn's exec; for a container created just now (``new``) also its check: one
-        that stopped at once (its command died) is removed and the start fails."""
+        that stopped at once (its command died) is removed and the start fails. Its exec may
+        have been created just before it died, and then fails otherwise than as gone: the
+        container's state decides."""
         try:
             return self._exec(placement, spec, secrets)
-        except SandboxGone as exc:
-            if not new:
+        except SandboxError as exc:
+            if not new or (not isinstance(exc, SandboxGone) and self._running(placement)):
                 raise
             self._placements.forget(placement.run_id)
             with (
@@ -276,6 +278,15 @@ class DockerSandbox:
                 f"cannot start the container of run {placement.run_id}: it stopped at once ({exc})",
                 hint="check the image and the daemon log (docker logs, journalctl -u docker)",
             ) from exc
+
+    def _running(self, placement: Placement) -> bool:
+        """Whether the run's container is running (false when it is gone)."""
+        with self._seam("inspect the run's container", run_id=placement.run_id):
+            try:
+                found = self._client().containers.get(container_name(placement.run_id))
+            except docker.errors.NotFound:
+                return False
+        return bool(found.status == "running")
 
     def _exec(
         self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]
