@@ -282,11 +282,8 @@ class DockerSandbox:
     def _running(self, placement: Placement) -> bool:
         """Whether the run's container is running (false when it is gone)."""
         with self._seam("inspect the run's container", run_id=placement.run_id):
-            try:
-                found = self._client().containers.get(container_name(placement.run_id))
-            except docker.errors.NotFound:
-                return False
-        return bool(found.status == "running")
+            found = self._containers.find(container_name(placement.run_id))
+        return found is not None and found.status == "running"
 
     def _exec(
         self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]

@@ -79,7 +79,7 @@ def test_create_writes_contract_fields_with_turn_one_in_flight(
 
 
 def test_options_round_trip_through_record(created: RunStore) -> None:
-    options = created.options(RUN)
+    options = created.record(RUN).options
     assert options == RunOptions(harness="stdio-json", executable="harness-demo", model="m-1")
 
 

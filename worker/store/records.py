@@ -378,12 +378,6 @@ class RunStore:
         """The record as typed JSON-able values (see :meth:`RunRecord.as_dict`)."""
         return self.record(run_id).as_dict()
 
-    def options(self, run_id: str) -> RunOptions:
-        options = self.record(run_id).options
-        if options is None:
-            raise RunNotFound(run_id)
-        return options
-
     def begin_turn(self, run_id: str) -> int:
         code, detail = self._scripts.begin_turn(self.keys.run(run_id), time.time())
         if code == -1:
