@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery import Celery
 
+from bench.at_once import submit_at_once
 from config import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -134,16 +135,25 @@ def throughput(app: Celery, r: redis.Redis, stream: str, count: int) -> tuple[fl
     for _ in range(count):
         app.send_task(TASK, args=[stream, token], queue=app.conf.task_default_queue)
     sent = time.perf_counter() - started
-    seen = 0
-    deadline = time.monotonic() + 60 + count / 50
-    while seen < count and time.monotonic() < deadline:
+    _entries(r, stream, cursor, token, count, 60 + count / 50)
+    return count / sent, count / (time.perf_counter() - started)
+
+
+def _entries(
+    r: redis.Redis, stream: str, cursor: Any, token: str, count: int, timeout_s: float
+) -> list[dict[bytes, bytes]]:
+    """The ``count`` entries carrying ``token`` after ``cursor``, read as they arrive."""
+    found: list[dict[bytes, bytes]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(found) < count and time.monotonic() < deadline:
         for _, entries in r.xread({stream: cursor}, count=1000, block=1000) or ():
             for entry_id, fields in entries:
                 cursor = entry_id
-                seen += fields[b"token"].decode() == token
-    if seen < count:
-        raise TimeoutError(f"{count - seen} of {count} floor tasks did not run")
-    return count / sent, count / (time.perf_counter() - started)
+                if fields[b"token"].decode() == token:
+                    found.append(fields)
+    if len(found) < count:
+        raise TimeoutError(f"{count - len(found)} of {count} floor tasks did not run")
+    return found
 
 
 def burst(
@@ -160,32 +170,14 @@ def burst(
     last = r.xrevrange(stream, count=1)
     cursor: Any = last[0][0] if last else "0-0"
     queue = app.conf.task_default_queue
-    gate = threading.Barrier(len(jobs) + 1)
-
-    def send(job: tuple[str, list[str], str]) -> None:
-        gate.wait()
-        app.send_task(HARNESS_TASK, args=[stream, token, *job], queue=queue)
-
-    threads = [threading.Thread(target=send, args=(job,)) for job in jobs]
-    for thread in threads:
-        thread.start()
-    gate.wait()
-    started = time.perf_counter()
-    seen = completed = 0
-    deadline = time.monotonic() + timeout_s
-    while seen < len(jobs) and time.monotonic() < deadline:
-        for _, entries in r.xread({stream: cursor}, count=1000, block=1000) or ():
-            for entry_id, fields in entries:
-                cursor = entry_id
-                if fields[b"token"].decode() == token:
-                    seen += 1
-                    completed += fields[b"ok"] == b"1"
-    wall = time.perf_counter() - started
-    for thread in threads:
-        thread.join()
-    if seen < len(jobs):
-        raise TimeoutError(f"{len(jobs) - seen} of {len(jobs)} floor harness tasks did not run")
-    return wall, completed
+    started, _ = submit_at_once(
+        [
+            lambda job=job: app.send_task(HARNESS_TASK, args=[stream, token, *job], queue=queue)
+            for job in jobs
+        ]
+    )
+    found = _entries(r, stream, cursor, token, len(jobs), timeout_s)
+    return time.perf_counter() - started, sum(fields[b"ok"] == b"1" for fields in found)
 
 
 def wait_ready(app: Celery, r: redis.Redis, stream: str, proc: subprocess.Popen[bytes]) -> None:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
 
 from bench import celery_floor
+from bench.at_once import submit_at_once
 from bench.context import NOOP, Bench
 from bench.stats import mib, p50
 from bench.table import Figure, RowResult
@@ -64,31 +63,6 @@ def _wait_all(bench: Bench, keys: dict[str, int], timeout_s: float) -> dict[str,
                 ):
                     done[key] = (now, fields["type"])
     return done
-
-
-def _submit_at_once(submits: list[Callable[[], object]]) -> tuple[float, float]:
-    """Run every submit on a thread of its own, released together: (perf_counter at the
-    release, seconds until the last submit returned)."""
-    gate = threading.Barrier(len(submits) + 1)
-    errors: list[BaseException] = []
-
-    def one(submit: Callable[[], object]) -> None:
-        gate.wait()
-        try:
-            submit()
-        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(s,)) for s in submits]
-    for thread in threads:
-        thread.start()
-    gate.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return started, time.perf_counter() - started
 
 
 def _raw(
@@ -153,7 +127,7 @@ def _measure(
                 idle = worker.rss_bytes()
                 threads_idle = worker.threads()
                 worker.reset_peak()
-            started, took = _submit_at_once(
+            started, took = submit_at_once(
                 [lambda run_id=run_id: bench.client.submit_turn(run_id, script) for run_id in runs]
             )
             keys = {bench.stream(run_id): repeat + 2 for run_id in runs}
