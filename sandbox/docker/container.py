@@ -202,10 +202,12 @@ class RunContainers:
         except docker.errors.NotFound:
             return None
 
-    def reuse(self, container: Any, spec: RunSpec) -> Placement:
-        """The run's existing container, restarted if it stopped."""
+    def reuse(self, container: Any, spec: RunSpec, *, claimed: bool = False) -> Placement:
+        """The run's existing container, restarted if it stopped. ``claimed``: a warm
+        container the run claimed (its labels carry the pool's run id, not the run's)."""
         labels = container.labels or {}
-        if labels.get(LABEL_RUN) != spec.run_id or labels.get(LABEL_MANAGED) != "true":
+        owner = spec.run_id if claimed else labels.get(LABEL_RUN)
+        if owner != spec.run_id or labels.get(LABEL_MANAGED) != "true":
             raise SandboxError(
                 f"a container named {container.name} exists but is not run {spec.run_id}'s",
                 hint="remove it (docker rm -f) or use another run id",

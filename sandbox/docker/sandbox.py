@@ -175,17 +175,16 @@ class DockerSandbox:
         container; and whether it was created just now."""
         if spec.network == "egress":
             return self._prepare_egress(spec)
-        name = container_name(spec.run_id)
         parse_user(spec.user)
         with self._seam("find the run's container", run_id=spec.run_id):
-            existing = self._containers.find(name)
+            existing = self._find(spec.run_id)
         if existing is not None:
             self._containers.make_workspace(spec)
-            return self._containers.reuse(existing, spec), False
+            ours = self._pool.claimed_run(existing.id) == spec.run_id
+            return self._containers.reuse(existing, spec, claimed=ours), False
         claimed = self._pool.claim(spec)
-        if claimed is not None:
+        if claimed is not None:  # the pool renames it and refills after this turn
             self._containers.make_workspace(spec)
-            self._pool.refill_later(spec)
             return claimed, False
         placement = self._containers.create(spec)
         if self._pool.serves(spec):  # the pool was empty (or is new): fill it for the next run
@@ -282,8 +281,19 @@ class DockerSandbox:
     def _running(self, placement: Placement) -> bool:
         """Whether the run's container is running (false when it is gone)."""
         with self._seam("inspect the run's container", run_id=placement.run_id):
-            found = self._containers.find(container_name(placement.run_id))
+            found = self._find(placement.run_id)
         return found is not None and found.status == "running"
+
+    def _find(self, run_id: str) -> Any:
+        """The run's container, or None: the warm container it claimed (found by its claim
+        file whether or not it has the run's name yet), else the one of the run's name."""
+        name = container_name(run_id)  # refuses a run id that is no name (nor file name)
+        claimed = self._pool.claimed_container(run_id)
+        if claimed is not None:
+            found = self._containers.find(claimed)
+            if found is not None:
+                return found
+        return self._containers.find(name)
 
     def _exec(
         self, placement: Placement, spec: ExecSpec, secrets: Mapping[str, str]
@@ -325,7 +335,7 @@ class DockerSandbox:
 
     def teardown(self, run_id: str, *, keep_workspace: bool = False) -> None:
         try:
-            name = container_name(run_id)
+            container_name(run_id)  # a run id no container can have: nothing of it exists
         except SandboxError as exc:
             log.warning("sandbox.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
             return
@@ -344,9 +354,10 @@ class DockerSandbox:
                 self._seam("remove the run's container", run_id=run_id),
                 suppress(docker.errors.NotFound),
             ):
-                container = self._client().containers.get(name)
-                self._pool.release(container.id)
-                container.remove(force=True)
+                container = self._find(run_id)
+                if container is not None:
+                    self._pool.release(container.id)
+                    container.remove(force=True)
         except SandboxError as exc:
             log.warning(
                 "sandbox.teardown_failed",
@@ -369,7 +380,7 @@ class DockerSandbox:
         """The container's processes (``ps``, which the harness images carry) and its TCP
         connections (``/proc/net``: the container's own network namespace), one exec."""
         with self._seam("find the run's container", run_id=run_id):
-            container = self._containers.find(container_name(run_id))
+            container = self._find(run_id)
         if container is None:
             raise SandboxGone(f"the container of run {run_id} is gone")
         code, out, err = self._execs.run(
@@ -385,7 +396,7 @@ class DockerSandbox:
         """Why the run's container cannot run turns: gone, OOM-killed, stopped, daemon down."""
         try:
             with self._seam("inspect the run's container", run_id=run_id):
-                container = self._containers.find(container_name(run_id))
+                container = self._find(run_id)
                 if container is None:
                     return f"the container of run {run_id} is gone"
                 state: dict[str, Any] = container.attrs.get("State") or {}

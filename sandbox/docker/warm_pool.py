@@ -4,10 +4,14 @@ A warm container is a run's container made for a pool run id (``pool-…``; real
 start so) with the label of its shape: what must match for it to serve a run (image,
 network, limits, user, read-only root). A run of that shape claims one instead of creating
 and starting its own: its workspace directory is renamed to the run's (the atomic step that
-decides when several workers race for the same one), a claim file ``<root>/claims/<id>``
-maps the container back to the run, and the container is renamed to the run's name. Its
-labels, which cannot change, still carry the pool run id; the claim file is what
-:meth:`~sandbox.docker.sandbox.DockerSandbox.managed` reports instead.
+decides when several workers race for the same one), and two claim files map the container
+and the run to each other: ``<root>/claims/<container id>`` (the run) and
+``<root>/claims/runs/<run id>`` (the container). Those files, not the container's name, are
+how every worker on the host finds a claimed container: its labels, which cannot change,
+still carry the pool run id, and its rename to the run's name (for ``docker ps``) comes after
+the claiming turn, with the refill. A rename costs dockerd a write of the container's
+configuration under the container's lock, which the run's first exec, right behind it,
+waited for: ~15 ms of a warm first turn here (docs/performance.md, row 5).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from sandbox.base import (
     Placement,
     RunSpec,
     SandboxError,
+    SandboxGone,
 )
 from sandbox.docker.container import (
     NAME_PREFIX,
@@ -125,8 +130,13 @@ class ContainerPool:
                     return 0
             return max(missing, 0)
 
-    def refill_later(self, spec: RunSpec) -> None:
+    def refill_later(self, spec: RunSpec, first: Callable[[], None] | None = None) -> None:
+        """Warm containers of ``spec``'s shape ``REFILL_DELAY_S`` from now, on a timer thread
+        (after ``first``, when given)."""
+
         def refill() -> None:
+            if first is not None:
+                first()
             try:
                 self.warm(spec)
             except SandboxError as exc:
@@ -164,27 +174,59 @@ class ContainerPool:
                 os.rename(self._root / "run" / pool_run, target)
             except OSError:
                 continue  # another worker claimed it first
-            self._claims.mkdir(parents=True, exist_ok=True)
-            (self._claims / summary["Id"]).write_text(spec.run_id)
-            with self._seam("claim a warm container", run_id=spec.run_id):
-                self._client().api.rename(summary["Id"], container_name(spec.run_id))
+            container_id = str(summary["Id"])
+            self._record_claim(container_id, spec.run_id)
             log.info(
                 "sandbox.container_claimed",
-                extra={"run_id": spec.run_id, "container": summary["Id"]},
+                extra={"run_id": spec.run_id, "container": container_id},
             )
-            return docker_placement(spec.run_id, summary["Id"])
+            self._after_claim(spec, container_id)
+            return docker_placement(spec.run_id, container_id)
         return None
 
     def claimed_run(self, container_id: str) -> str | None:
         """The run that claimed this warm container, if one did."""
-        try:
-            return (self._claims / container_id).read_text().strip() or None
-        except OSError:
-            return None
+        return _read(self._claims / container_id)
+
+    def claimed_container(self, run_id: str) -> str | None:
+        """The warm container this run claimed, if it did (whether or not renamed yet)."""
+        return _read(self._claims / "runs" / run_id)
 
     def release(self, container_id: str) -> None:
         """Forget the claim of a container being removed."""
+        run_id = self.claimed_run(container_id)
+        if run_id is not None and self.claimed_container(run_id) == container_id:
+            (self._claims / "runs" / run_id).unlink(missing_ok=True)
         (self._claims / container_id).unlink(missing_ok=True)
+
+    def _record_claim(self, container_id: str, run_id: str) -> None:
+        """Both claim files, each written whole (a reader never sees half an id)."""
+        (self._claims / "runs").mkdir(parents=True, exist_ok=True)
+        for path, text in (
+            (self._claims / container_id, run_id),
+            (self._claims / "runs" / run_id, container_id),
+        ):
+            staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+            staging.write_text(text)
+            os.replace(staging, path)
+
+    def _after_claim(self, spec: RunSpec, container_id: str) -> None:
+        """After the claiming turn: the container takes the run's name, then the pool
+        refills."""
+
+        def rename() -> None:
+            try:
+                with self._seam("rename a claimed container", run_id=spec.run_id):
+                    self._client().api.rename(container_id, container_name(spec.run_id))
+            except SandboxGone:
+                pass  # the run ended before it: nothing is left to name
+            except SandboxError as exc:  # the claim files still find it; the reaper sees it
+                log.warning(
+                    "sandbox.claimed_rename_failed",
+                    extra={"run_id": spec.run_id, "container": container_id, "error": str(exc)},
+                )
+
+        self.refill_later(spec, first=rename)
 
     @property
     def _claims(self) -> Path:
@@ -207,7 +249,15 @@ class ContainerPool:
             s
             for s in cast(list[dict[str, Any]], summaries)
             if any(name.startswith(prefix) for name in s.get("Names") or [])
+            and self.claimed_run(str(s.get("Id"))) is None  # claimed, not renamed yet
         ]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _clear_unused(workspace: Path) -> bool:
