@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import marshal
 import os
 import re
@@ -373,7 +374,9 @@ class SnapshotStore:
     def init(self) -> None:
         """Create the bare repository if it does not exist yet: a copy of the stores'
         template (made once, as :meth:`_make_repository` makes a store), renamed into place
-        (three git processes cost a run's first snapshot more than the rest of it)."""
+        (three git processes cost a run's first snapshot more than the rest of it), written
+        from this process's copy of it in memory (a copy of the tree, its stats and
+        attributes, cost a first turn half its baseline snapshot)."""
         if self.exists():
             return
         template = self.path.parent / TEMPLATE
@@ -381,7 +384,12 @@ class SnapshotStore:
             self._make_repository(template)
         staging = self.path.with_name(f".{self.run_id}.{os.getpid()}.{threading.get_ident()}")
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(template, staging, symlinks=True)
+        folders, files = _template_of(str(template))
+        staging.mkdir()
+        for folder in folders:
+            os.mkdir(staging / folder)
+        for name, data in files:
+            (staging / name).write_bytes(data)
         try:
             os.rename(staging, self.path)  # replaces nothing but an empty directory
         except OSError:
@@ -843,3 +851,18 @@ def _branch(name: str, home: Path) -> str:
     except GitError as exc:
         raise SnapshotError(f"invalid branch name {name!r}") from exc
     return name
+
+
+@functools.lru_cache(maxsize=8)
+def _template_of(template: str) -> tuple[tuple[str, ...], tuple[tuple[str, bytes], ...]]:
+    """The stores' template as this process writes it: its folders (parents first) and its
+    files with their bytes. Read once: the template never changes once made."""
+    folders: list[str] = []
+    files: list[tuple[str, bytes]] = []
+    for here, subfolders, names in os.walk(template):
+        relative = os.path.relpath(here, template)
+        prefix = "" if relative == "." else relative + os.sep
+        subfolders.sort()
+        folders.extend(prefix + name for name in subfolders)
+        files.extend((prefix + name, Path(here, name).read_bytes()) for name in sorted(names))
+    return tuple(folders), tuple(files)
