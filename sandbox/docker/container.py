@@ -196,11 +196,17 @@ class RunContainers:
         self._execs = execs
 
     def find(self, name: str) -> Any:
-        """The container of that name, or None; Docker errors are left to the caller's seam."""
-        try:
-            return self._client().containers.get(name)
-        except docker.errors.NotFound:
-            return None
+        """The container of that name (or id), or None; Docker errors are left to the
+        caller's seam. Inspected over our own connection where there is one (the SDK's
+        model made from what it returned), a millisecond of CPU less than the SDK's."""
+        api = self._execs.api
+        if api is None:
+            try:
+                return self._client().containers.get(name)
+            except docker.errors.NotFound:
+                return None
+        attrs = api.container_inspect(name)
+        return None if attrs is None else self._client().containers.prepare_model(attrs)
 
     def reuse(self, container: Any, spec: RunSpec, *, claimed: bool = False) -> Placement:
         """The run's existing container, restarted if it stopped. ``claimed``: a warm

@@ -89,6 +89,11 @@ class ExecTransport:
             None if raw is None else RawApi(raw, lambda: str(client().api.api_version), api_timeout)
         )
 
+    @property
+    def api(self) -> RawApi | None:
+        """Our own client of the daemon (None for TLS and SSH daemons: the SDK's alone)."""
+        return self._api
+
     def start(
         self,
         container: str,

@@ -1,5 +1,6 @@
-"""The Docker API calls every turn makes (create an exec, inspect it), spoken by us over a
-keep-alive connection per thread.
+"""The Docker API calls every turn makes (create an exec, inspect it) and a run's first turn
+makes (find the run's container, list the warm ones), spoken by us over a keep-alive
+connection per thread.
 
 Through the Docker SDK each such call costs about a millisecond of the worker's CPU (the
 ``requests`` stack: sessions, adapters, urllib3's pool, header dictionaries), and a turn
@@ -17,7 +18,7 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from sandbox.docker.stream import DaemonRefused, RawEndpoint
 
@@ -73,6 +74,26 @@ class RawApi:
     def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         reply = self._request("GET", f"/exec/{quote(exec_id, safe='')}/json")
         assert isinstance(reply, dict)
+        return reply
+
+    def container_inspect(self, name: str) -> dict[str, Any] | None:
+        """As the SDK's ``inspect_container``, by name or id; None when there is none."""
+        try:
+            reply = self._request("GET", f"/containers/{quote(name, safe='')}/json")
+        except DaemonRefused as exc:
+            if exc.status == 404:
+                return None
+            raise
+        assert isinstance(reply, dict)
+        return reply
+
+    def containers(
+        self, filters: Mapping[str, list[str]], *, include_stopped: bool = False
+    ) -> list[dict[str, Any]]:
+        """As the SDK's ``containers(filters=...)``: the summaries of the matching ones."""
+        query = urlencode({"all": int(include_stopped), "filters": json.dumps(filters)})
+        reply = self._request("GET", f"/containers/json?{query}")
+        assert isinstance(reply, list)
         return reply
 
     def _request(self, method: str, path: str, body: object = None) -> Any:

@@ -128,6 +128,7 @@ class DockerSandbox:
             self.scope,
             self._client,
             self._seam,
+            api=self._execs.api,
             create=self._containers.create,
             remove=self.teardown,
         )

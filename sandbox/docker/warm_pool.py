@@ -44,6 +44,7 @@ from sandbox.docker.container import (
     docker_placement,
 )
 from sandbox.docker.execs import Seam
+from sandbox.docker.raw_api import RawApi
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class ContainerPool:
     """Keeps ``size`` warm containers per shape in ``scope``; 0 keeps none.
 
     ``create`` makes and starts a run's container (and its workspace), ``remove`` tears a
-    run down; both are the sandbox's.
+    run down; both are the sandbox's. ``api``: our own client of the daemon, if there is one
+    (the list of warm containers a first turn makes goes over it).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class ContainerPool:
         client: Callable[[], Any],
         seam: Seam,
         *,
+        api: RawApi | None,
         create: Callable[[RunSpec], Placement],
         remove: Callable[[str], None],
     ) -> None:
@@ -95,6 +98,7 @@ class ContainerPool:
         self._scope = scope
         self._client = client
         self._seam = seam
+        self._api = api
         self._create = create
         self._remove = remove
         self._closed = threading.Event()
@@ -233,16 +237,19 @@ class ContainerPool:
         return self._root / "claims"
 
     def _waiting(self, shape: str) -> list[dict[str, Any]]:
+        filters = {
+            "label": [
+                f"{LABEL_MANAGED}=true",
+                f"{LABEL_SCOPE}={self._scope}",
+                f"{LABEL_POOL_SHAPE}={shape}",
+            ],
+            "status": ["running"],
+        }
         with self._seam("list the warm containers"):
-            summaries = self._client().api.containers(
-                filters={
-                    "label": [
-                        f"{LABEL_MANAGED}=true",
-                        f"{LABEL_SCOPE}={self._scope}",
-                        f"{LABEL_POOL_SHAPE}={shape}",
-                    ],
-                    "status": "running",
-                },
+            summaries = (
+                self._api.containers(filters)
+                if self._api
+                else self._client().api.containers(filters=filters)
             )
         prefix = "/" + NAME_PREFIX + POOL_PREFIX
         return [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,31 @@ def test_an_unreachable_daemon_raises_oserror(tmp_path: Path) -> None:
     api = RawApi(RawEndpoint(unix_path=str(tmp_path / "none.sock")), lambda: "1.41", 1)
     with pytest.raises(OSError):
         api.exec_inspect("e1")
+
+
+def test_a_container_inspect_is_none_for_a_404_and_the_daemons_refusal_otherwise(
+    daemon: Daemon,
+) -> None:
+    api = _api(daemon)
+    daemon.replies += [
+        (404, {"message": "No such container: harness-run-r1"}),
+        (200, {"Id": "c1", "Name": "/harness-run-r1"}),
+        (500, {"message": "boom"}),
+    ]
+    assert api.container_inspect("harness-run-r1") is None
+    assert api.container_inspect("harness-run-r1") == {"Id": "c1", "Name": "/harness-run-r1"}
+    with pytest.raises(DaemonRefused):
+        api.container_inspect("harness-run-r1")
+    assert {t for _, t, _ in daemon.requests} == {"/v1.41/containers/harness-run-r1/json"}
+
+
+def test_a_container_list_sends_its_filters_as_the_sdk_does(daemon: Daemon) -> None:
+    daemon.replies.append((200, [{"Id": "c1"}]))
+    filters = {"label": ["harness.managed=true", "harness.scope=s"], "status": ["running"]}
+    assert _api(daemon).containers(filters) == [{"Id": "c1"}]
+    method, target, _ = daemon.requests[0]
+    path, _, query = target.partition("?")
+    assert (method, path) == ("GET", "/v1.41/containers/json")
+    sent = dict(part.split("=", 1) for part in query.split("&"))
+    assert sent["all"] == "0"
+    assert json.loads(urllib.parse.unquote_plus(sent["filters"])) == filters

@@ -39,6 +39,7 @@ def test_a_seeded_workspace_keeps_its_files_and_takes_no_warm_container(tmp_path
         "scope",
         _unreachable,
         lambda *a, **k: nullcontext(),
+        api=None,
         create=_unreachable,
         remove=_unreachable,
     )
