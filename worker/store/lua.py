@@ -79,8 +79,11 @@ class Scripts:
         code, detail = reply
         return int(code), str(detail)
 
-    def mark_running(self, record: str, now: float) -> bool:
-        return bool(self._call("mark_running", [record], [now]))
+    def mark_running(self, record: str, now: float, fields: dict[str, str]) -> bool:
+        args: list[Value] = [now]
+        for name, value in fields.items():
+            args += [name, value]
+        return bool(self._call("mark_running", [record], args))
 
     def claim_turn(
         self,

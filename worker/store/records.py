@@ -388,8 +388,12 @@ class RunStore:
             raise RunEnded(run_id, detail)
         return code
 
-    def mark_running(self, run_id: str) -> None:
-        self._scripts.mark_running(self.keys.run(run_id), time.time())
+    def mark_running(self, run_id: str, **changes: Unpack[RecordChanges]) -> None:
+        """Move a new run from ``starting`` to ``running`` (its first turn has its sandbox),
+        with ``changes`` (no long field) in the same script call."""
+        now = time.time()
+        fields = _no_long_fields({**changes, "updated_at": now}) if changes else {}
+        self._scripts.mark_running(self.keys.run(run_id), now, fields)
 
     def update(self, run_id: str, **changes: Unpack[RecordChanges]) -> None:
         """Change some fields (and ``updated_at``); never ``status``, which moves only by

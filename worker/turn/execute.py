@@ -293,6 +293,7 @@ class _TurnRun:
             self.wait(lambda: deps.store.update(run_id, queue=host_queue))
         work = workspace_steps.run_workspace(sandbox, run_id, self.options, deps.settings)
         self.wait(lambda: workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id))
+        seeded = None
         if self.turn == 1:
             try:
                 with tracing.span("seed workspace"):
@@ -300,14 +301,12 @@ class _TurnRun:
             except InvalidInput as exc:
                 self.life.revoke_credential()
                 return self.refuse(session_error(str(exc), "invalid-input"), run_status="failed")
-            if seeded is not None:
-                self.wait(lambda: deps.store.update(run_id, **seeded))
         try:
             with tracing.span("prepare sandbox", {"harness.sandbox": sandbox.backend}):
                 placement = self._place(sandbox, resolved, record)
         except _Refused as refused:
             return refused.label
-        self._record_placement(placement, resolved, record)
+        self._record_placement(placement, resolved, record, seeded or RecordChanges())
         try:
             self.attachments = workspace_attachments.place(
                 workspace_steps.binary_client_for(deps.settings.redis_url),
@@ -370,26 +369,28 @@ class _TurnRun:
         return placement
 
     def _record_placement(
-        self, placement: Placement, resolved: Resolved, record: RunRecord
+        self, placement: Placement, resolved: Resolved, record: RunRecord, seeded: RecordChanges
     ) -> None:
+        """Where the run's sandbox is, with what the first turn's seed recorded, in one
+        write (a new run's first also moves it to ``running``)."""
         deps, settings, run_id = self.deps, self.deps.settings, self.run_id
-        if record.status == "starting":  # a new run's first turn (no later turn starts it)
-            self.wait(lambda: deps.store.mark_running(run_id))
         egress_allow = (
             egress_allowlist(settings, self.options.harness, self.options.base_url)
             if resolved.network == "egress"
             else None
         )
-        self.wait(
-            lambda: deps.store.update(
-                run_id,
-                container_id=placement.container_id,
-                lease_until=self.lease_until,
-                sandbox=placement.backend,
-                network=resolved.network,
-                egress_allow=egress_allow,
-            )
+        changes = RecordChanges(
+            **seeded,
+            container_id=placement.container_id,
+            lease_until=self.lease_until,
+            sandbox=placement.backend,
+            network=resolved.network,
+            egress_allow=egress_allow,
         )
+        if record.status == "starting":  # a new run's first turn (no later turn starts it)
+            self.wait(lambda: deps.store.mark_running(run_id, **changes))
+        else:
+            self.wait(lambda: deps.store.update(run_id, **changes))
         log.info(
             "sandbox.ready",
             extra={"backend": placement.backend, "container": placement.container_id},
