@@ -52,6 +52,9 @@ LABEL_POOL_SHAPE = "harness.pool_shape"
 POOL_PREFIX = "pool-"
 """Run ids of warm containers not yet claimed by a run (real run ids never start so)."""
 POOL_TTL_S = 3600.0
+CLOSE_WAIT_S = 60.0
+"""How long closing the pool waits for a warming under way (one container's create and
+start, a second or so; the daemon's own timeout beyond that)."""
 REFILL_DELAY_S = 1.0
 """How long after a claim the pool starts the next warm container: creating, starting and
 probing one takes dockerd and the CPUs ~0.3 s, which slowed the claiming run's first exec
@@ -151,8 +154,18 @@ class ContainerPool:
         timer.start()
 
     def close(self) -> None:
-        """Stop warming and remove this scope's unclaimed warm containers."""
+        """Stop warming and remove this scope's unclaimed warm containers: after a warming
+        under way has finished the container it was making (it removes it, being closed),
+        else the worker could exit with that one half made, and left running."""
         self._closed.set()
+        waited = self._warming.acquire(timeout=CLOSE_WAIT_S)
+        try:
+            self._remove_unclaimed()
+        finally:
+            if waited:
+                self._warming.release()
+
+    def _remove_unclaimed(self) -> None:
         with self._seam("list the harness containers"):
             summaries = self._client().api.containers(
                 all=True,
@@ -269,10 +282,10 @@ def _read(path: Path) -> str | None:
 
 def _clear_unused(workspace: Path) -> bool:
     """Whether a warm workspace can take the place of the run's: true when the run's is
-    missing, or holds nothing but the empty ``.home`` its first turn's baseline snapshot
-    made before the sandbox was prepared (that ``.home`` is removed here, leaving an empty
-    directory the claim's rename replaces). A workspace with anything else (a seeded
-    repository or archive) stays, and the run creates its own container."""
+    missing (an unseeded run's baseline is recorded without making it), or holds nothing but
+    an empty ``.home``, as a baseline taken by a walk leaves it (that ``.home`` is removed
+    here, leaving an empty directory the claim's rename replaces). A workspace with anything
+    else (a seeded repository or archive) stays, and the run creates its own container."""
     home = workspace / ".home"
     try:
         entries = [entry.name for entry in workspace.iterdir()]
