@@ -226,6 +226,25 @@ class SnapshotStore:
             watch.covers = commit if record is not None else None
         return self._summary(turn, commit, parent, changes, scan)
 
+    def take_empty(self, turn: int, message: str) -> SnapshotSummary:
+        """Record an empty workspace as turn ``turn``'s snapshot without looking at it: the
+        workspace of a new run with no seed and no durable workspace, empty by construction
+        (not made yet, even). Its next snapshot walks the whole tree. A store that has a
+        snapshot already is refused (SnapshotError): it is no new run's."""
+        with self._locked():
+            if self._resolve(TIP) or self._resolve(SEED):
+                raise SnapshotError(f"cannot record turn {turn} as empty: the store has snapshots")
+            watch = self._watch()
+            watch.covers = watch.record = None
+            tree = write_object(self.path, b"tree", b"")
+            commit = write_commit(self.path, tree, None, message, int(time.time()))
+            write_ref(self.path, f"refs/turns/{int(turn)}", commit)
+            write_ref(self.path, TIP, commit)
+            watch.remember_tree(commit, tree)
+            nothing = _Changes.between({}, {}, [])
+            self._save_manifest(commit, {}, {}, nothing, watch)
+        return self._summary(turn, commit, None, nothing, ScanResult())
+
     @contextlib.contextmanager
     def add_blobs(self) -> Iterator[BlobSink]:
         """A sink of (blob id, bytes) into the store (created if need be), for the blobs of

@@ -43,6 +43,7 @@ from worker.store.transfer import BinaryRedis, binary_client, receive_upload
 
 log = logging.getLogger(__name__)
 
+BASELINE_MESSAGE = "the workspace before the first turn"
 LOCK_WAIT_S = 300.0
 """Longest a turn waits for a rewind of its workspace to finish."""
 
@@ -121,12 +122,22 @@ def seed(
         return None
     if work.store.exists() and 0 in work.store.turns():
         return None
+    if not (options.repo or options.archive or options.workspace):
+        # A new run's own workspace, unseeded: empty by construction, recorded without a walk
+        # (nor the workspace made here: the sandbox makes it, or a warm one takes its place).
+        try:
+            return work.store.take_empty(0, BASELINE_MESSAGE)
+        except SandboxError as exc:
+            log.warning(
+                "workspace.baseline_failed", extra={"run_id": work.run_id, "error": str(exc)}
+            )
+            return None
     workspace, created, _ = make_owned_workspace(
         work.store.root, work.run_id, options.workspace, work.uid, work.gid
     )
     if not (options.repo or options.archive):
         try:
-            return work.store.take(workspace, 0, "the workspace before the first turn")
+            return work.store.take(workspace, 0, BASELINE_MESSAGE)
         except SandboxError as exc:
             # No baseline: the run goes on; its first turn's snapshot records everything.
             log.warning(
