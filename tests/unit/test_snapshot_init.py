@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox.base import SnapshotError
 from sandbox.store import git_objects
 from sandbox.store.git_objects import EMPTY_TREE
 from sandbox.store.snapshots import TEMPLATE, SnapshotStore
@@ -125,3 +126,36 @@ def test_with_the_watch_off_every_snapshot_walks_the_whole_tree(tmp_path: Path) 
 
     assert missed_change(SnapshotLimits(watch=False), "off") == ("src/a.py",)
     assert missed_change(SnapshotLimits(watch=True), "on") == ()
+
+
+def test_an_unseeded_runs_baseline_is_the_empty_tree_recorded_without_its_workspace(
+    tmp_path: Path,
+) -> None:
+    """take_empty: no workspace looked at (it need not exist yet); the next snapshot walks
+    what the turn made, and the run can go back to the empty baseline."""
+    store = SnapshotStore(tmp_path, "r3")
+    baseline = store.take_empty(0, "the workspace before the first turn")
+    assert _git(store, "rev-parse", f"{baseline.snapshot}^{{tree}}") == EMPTY_TREE
+    assert (baseline.turn, baseline.added, baseline.complete) == (0, (), True)
+    workspace = tmp_path / "ws"
+    (workspace / "src").mkdir(parents=True)
+    (workspace / "src" / "a.py").write_text("print(1)\n")
+    first = store.take(workspace, 1, "turn 1")
+    assert first.added == ("src/a.py",)
+    assert _git(store, "rev-parse", f"{first.snapshot}^") == baseline.snapshot
+    store.restore(workspace, 0, os.getuid(), os.getgid(), as_turn=2)
+    assert not (workspace / "src" / "a.py").exists()
+    subprocess.run(["git", "--git-dir", str(store.path), "fsck", "--strict"], check=True)
+
+
+def test_an_empty_baseline_is_refused_on_a_store_with_snapshots(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    store = SnapshotStore(tmp_path, "r4")
+    store.take(workspace, 0, "before")
+    try:
+        store.take_empty(0, "again")
+    except SnapshotError as exc:
+        assert "has snapshots" in str(exc)
+    else:
+        raise AssertionError("take_empty wrote over a store's snapshots")
