@@ -39,13 +39,16 @@ class World:
     root: Path
     executable: str
 
-    def run(self, **options: Any) -> str:
-        """Create a run record (turn 1 in flight) and return its id."""
+    def run(self, *, warnings: list[str] | None = None, **options: Any) -> str:
+        """Create a run record (turn 1 in flight) and return its id; ``warnings``: the
+        producer's, as its client records them."""
         options.setdefault("harness", "stdio-json")
         options.setdefault("executable", self.executable)
         options.setdefault("sandbox", "local")
         run_id = new_run_id()
-        self.store.create(run_id, RunOptions(**options), queue="q", sandbox="local")
+        self.store.create(
+            run_id, RunOptions(**options), queue="q", sandbox="local", warnings=warnings
+        )
         return run_id
 
     def turn(self, run_id: str, text: str, turn: int = 1) -> str:
@@ -599,3 +602,25 @@ def test_what_the_harness_cannot_apply_is_in_the_run_record(world: World) -> Non
     assert len(warnings) == 2, warnings
     assert "enforces no permission policy" in warnings[0]
     assert "model_selection" in warnings[1] and "demo-9" in warnings[1]
+
+
+def test_the_workers_policy_decides_the_warnings_over_the_producers(world: World) -> None:
+    """The producer's client records what it resolved; the first turn's worker writes its
+    own over them when they differ, and leaves them when they agree."""
+    stale = world.run(warnings=["a producer's stale warning"])
+    assert world.turn(stale, "hello") == "completed"
+    (written,) = world.store.get(stale)["warnings"]
+    assert "enforces no permission policy" in written
+    agreed = world.run(model="demo-9", posture="strict", deny=("Bash(rm *)",))
+    assert world.turn(agreed, "hello") == "completed"
+    theirs = world.store.get(agreed)["warnings"]
+    same = world.run(warnings=theirs, model="demo-9", posture="strict", deny=("Bash(rm *)",))
+    writes: list[object] = []
+    update = world.store.update
+    world.store.update = lambda run_id, **changes: (  # type: ignore[method-assign]
+        writes.append(changes.get("warnings")),
+        update(run_id, **changes),
+    )[1]
+    assert world.turn(same, "hello") == "completed"
+    assert world.store.get(same)["warnings"] == theirs
+    assert writes.count(None) == len(writes)  # no write of the warnings

@@ -311,6 +311,7 @@ class HarnessClient:
             labels=labels,
             tenant=tenant,
             webhook_url=webhook_url,
+            warnings=list(resolved.warnings),
         )
         self._send(run_id, 1, input, queue, attached)
         return run_id

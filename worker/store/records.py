@@ -290,7 +290,11 @@ class RunStore:
         labels: dict[str, str] | None = None,
         tenant: str | None = None,
         webhook_url: str | None = None,
+        warnings: list[str] | None = None,
     ) -> None:
+        """A new run's record (``starting``), indexed. ``warnings``: what the producer's
+        policy could not enforce; the first turn's worker writes its own over them when they
+        differ."""
         now = time.time()
         record = RunRecord(
             run_id=run_id,
@@ -308,6 +312,7 @@ class RunStore:
             labels=labels or {},
             tenant=tenant,
             webhook_url=webhook_url,
+            warnings=warnings or None,
         )
         fields, long = _split(record.encode())
         pipe = self.redis.pipeline()

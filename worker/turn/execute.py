@@ -413,8 +413,12 @@ class _TurnRun:
         warnings = list(resolved.warnings) if self.turn == 1 else list(record.warnings or [])
         if as_files:
             warnings.append(as_files)
-        if warnings and (self.turn == 1 or as_files):
-            self.wait(lambda: self.deps.store.update(self.run_id, warnings=warnings))
+        if not (self.turn == 1 or as_files):
+            return request
+        # A new run's record holds the producer's warnings: this worker's policy decides.
+        if warnings != (record.warnings or []):
+            self.wait(lambda: self.deps.store.update(self.run_id, warnings=warnings or None))
+        if warnings:
             log.warning(
                 "turn.policy_not_enforced", extra={"run_id": self.run_id, "warnings": warnings}
             )
