@@ -8,10 +8,11 @@ decides when several workers race for the same one), and two claim files map the
 and the run to each other: ``<root>/claims/<container id>`` (the run) and
 ``<root>/claims/runs/<run id>`` (the container). Those files, not the container's name, are
 how every worker on the host finds a claimed container: its labels, which cannot change,
-still carry the pool run id, and its rename to the run's name (for ``docker ps``) comes after
-the claiming turn, with the refill. A rename costs dockerd a write of the container's
-configuration under the container's lock, which the run's first exec, right behind it,
-waited for: ~15 ms of a warm first turn here (docs/performance.md, row 5).
+still carry the pool run id, and its rename to the run's name (for ``docker ps``) comes with
+the refill, ``REFILL_DELAY_S`` after the claim, once the run's first exec is under way. A
+rename costs dockerd a write of the container's configuration under the container's lock,
+which the run's first exec, right behind it, waited for: ~15 ms of a warm first turn here
+(docs/performance.md, row 5).
 """
 
 from __future__ import annotations
@@ -228,8 +229,8 @@ class ContainerPool:
             os.replace(staging, path)
 
     def _after_claim(self, spec: RunSpec, container_id: str) -> None:
-        """After the claiming turn: the container takes the run's name, then the pool
-        refills."""
+        """With the refill (:meth:`refill_later`): the container takes the run's name, then
+        the pool refills."""
 
         def rename() -> None:
             try:
