@@ -32,6 +32,10 @@ from sandbox.docker.egress import (
 
 log = logging.getLogger(__name__)
 
+NAME_WAIT_S = 10.0
+"""How long a worker whose create of the gateway was refused (409: another worker's is being
+made) waits for that one to be found by its name."""
+
 
 class Gateway:
     """The egress network and gateway container of one scope on one Docker daemon.
@@ -185,13 +189,26 @@ class Gateway:
             if exc.status_code != 409:
                 raise
             # Another worker is making it: wait until it serves, as that worker does.
-            self._wait_healthy(client.containers.get(name), timeout=30.0)
+            self._wait_healthy(self._made_by_another(name), timeout=30.0)
             return
         container = client.containers.get(created["Id"])
         client.networks.get(self.config.outside_network).connect(container)
         container.start()
         self._wait_healthy(container)
         log.info("egress.gateway_started", extra={"container": container.id})
+
+    def _made_by_another(self, name: str) -> Any:
+        """The gateway container another worker is creating: dockerd reserves its name (our
+        create's 409) a moment before a lookup by that name finds it (a 404 meanwhile, seen
+        in CI on the two-workers test)."""
+        deadline = time.monotonic() + NAME_WAIT_S
+        while True:
+            try:
+                return self._client().containers.get(name)
+            except docker.errors.NotFound:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _hardened(self) -> dict[str, Any]:
         """The gateway runs as root in its own network namespace: it needs NET_ADMIN there

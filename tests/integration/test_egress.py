@@ -62,3 +62,40 @@ def test_workers_starting_the_gateway_at_once_share_one_and_a_settings_change_re
     finally:
         first.remove()
         client.close()
+
+
+def test_a_worker_refused_the_gateways_name_finds_the_one_being_made() -> None:
+    """dockerd reserves a container's name (the other create's 409) before a lookup by that
+    name finds it: the refused worker waits for it instead of failing on that lookup's 404
+    (each of 30 such races here: 409, then 404 at once)."""
+    require_docker()
+    ensure_images(["demo"])
+    client = docker.from_env()
+    gateway = _gateway(EgressConfig(scope=f"egress-it-{uuid.uuid4().hex[:8]}"), client)
+
+    def create(name: str, together: threading.Barrier, found: list[Any]) -> None:
+        together.wait()
+        try:
+            client.api.create_container("harness-worker/demo:1", ["true"], name=name)
+        except docker.errors.APIError as exc:
+            found.append(gateway._made_by_another(name) if exc.status_code == 409 else exc)
+        except BaseException as exc:  # noqa: BLE001 -- reported by the assertion below
+            found.append(exc)
+
+    refused_then_found = 0
+    try:
+        for _ in range(5):
+            name = f"harness-it-race-{uuid.uuid4().hex[:8]}"
+            together, found = threading.Barrier(2), []
+            threads = [threading.Thread(target=create, args=(name, together, found)) for _ in "ab"]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            made = client.containers.get(name)
+            assert [getattr(f, "id", f) for f in found] in ([], [made.id])
+            refused_then_found += len(found)
+            made.remove(force=True)
+        assert refused_then_found >= 1  # the barrier makes the creates collide
+    finally:
+        client.close()
