@@ -66,6 +66,24 @@ def container_name(run_id: str) -> str:
     return NAME_PREFIX + safe_name(run_id, "run id")
 
 
+RESERVED_NAME_WAIT_S = 10.0
+"""How long a create refused a container's name (409: another create has it) waits for that
+container to be found by the name."""
+
+
+def made_by_another(find: Callable[[], Any]) -> Any:
+    """The container another create is making, by ``find`` (a lookup by its name, None while
+    there is none): dockerd reserves the name, and refuses ours with a 409, a moment before
+    a lookup by that name finds it (a 404 meanwhile; 30 of 30 such races here). None when it
+    is still not found after :data:`RESERVED_NAME_WAIT_S` (that create failed)."""
+    deadline = time.monotonic() + RESERVED_NAME_WAIT_S
+    while True:
+        found = find()
+        if found is not None or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def docker_placement(run_id: str, container_id: str) -> Placement:
     return Placement("docker", run_id, WORKSPACE, HOME, container_id=container_id)
 
@@ -273,7 +291,7 @@ class RunContainers:
                     if exc.status_code != 409:
                         raise
                     # Another worker thread created it in the meantime: use that one.
-                    found = self.find(name)
+                    found = made_by_another(lambda: self.find(name))
                     if found is None:
                         raise
                     return self.reuse(found, spec)

@@ -17,6 +17,7 @@ import docker.errors
 import docker.types
 
 from sandbox.base import Denial, SandboxError
+from sandbox.docker.container import made_by_another
 from sandbox.docker.egress import (
     BUILD_HINT,
     LABEL_BASE_URL,
@@ -31,10 +32,6 @@ from sandbox.docker.egress import (
 )
 
 log = logging.getLogger(__name__)
-
-NAME_WAIT_S = 10.0
-"""How long a worker whose create of the gateway was refused (409: another worker's is being
-made) waits for that one to be found by its name."""
 
 
 class Gateway:
@@ -198,17 +195,18 @@ class Gateway:
         log.info("egress.gateway_started", extra={"container": container.id})
 
     def _made_by_another(self, name: str) -> Any:
-        """The gateway container another worker is creating: dockerd reserves its name (our
-        create's 409) a moment before a lookup by that name finds it (a 404 meanwhile, seen
-        in CI on the two-workers test)."""
-        deadline = time.monotonic() + NAME_WAIT_S
-        while True:
+        """The gateway container another worker is creating (raises NotFound when that
+        create failed)."""
+        client = self._client()
+
+        def find() -> Any:
             try:
-                return self._client().containers.get(name)
+                return client.containers.get(name)
             except docker.errors.NotFound:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return None
+
+        found = made_by_another(find)
+        return found if found is not None else client.containers.get(name)
 
     def _hardened(self) -> dict[str, Any]:
         """The gateway runs as root in its own network namespace: it needs NET_ADMIN there
