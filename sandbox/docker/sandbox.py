@@ -184,7 +184,7 @@ class DockerSandbox:
             ours = self._pool.claimed_run(existing.id) == spec.run_id
             return self._containers.reuse(existing, spec, claimed=ours), False
         claimed = self._pool.claim(spec)
-        if claimed is not None:  # the pool renames it and refills after this turn
+        if claimed is not None:  # the pool renames it with its refill, a second from now
             self._containers.make_workspace(spec)
             return claimed, False
         placement = self._containers.create(spec)

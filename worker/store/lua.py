@@ -80,10 +80,7 @@ class Scripts:
         return int(code), str(detail)
 
     def mark_running(self, record: str, now: float, fields: dict[str, str]) -> bool:
-        args: list[Value] = [now]
-        for name, value in fields.items():
-            args += [name, value]
-        return bool(self._call("mark_running", [record], args))
+        return bool(self._call("mark_running", [record], _now_and_pairs(now, fields)))
 
     def claim_turn(
         self,
@@ -157,10 +154,7 @@ class Scripts:
         return bool(self._call("unbegin_turn", [record, started, queued], [str(turn), now]))
 
     def end_run(self, record: str, now: float, fields: dict[str, str]) -> str:
-        args: list[Value] = [now]
-        for name, value in fields.items():
-            args += [name, value]
-        reply = self._call("end_run", [record], args)
+        reply = self._call("end_run", [record], _now_and_pairs(now, fields))
         return str(reply or "")
 
     def end_turn(
@@ -270,3 +264,11 @@ class SentCall:
         if again:
             reply = self._again()
         return _xadd_reply(reply)
+
+
+def _now_and_pairs(now: float, fields: dict[str, str]) -> list[Value]:
+    """A script's ARGV of ``now`` then the record's field, value pairs."""
+    args: list[Value] = [now]
+    for name, value in fields.items():
+        args += [name, value]
+    return args

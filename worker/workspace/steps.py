@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -122,28 +123,16 @@ def seed(
         return None
     if work.store.exists() and 0 in work.store.turns():
         return None
-    if not (options.repo or options.archive or options.workspace):
+    unseeded = not (options.repo or options.archive)
+    if unseeded and not options.workspace:
         # A new run's own workspace, unseeded: empty by construction, recorded without a walk
         # (nor the workspace made here: the sandbox makes it, or a warm one takes its place).
-        try:
-            return work.store.take_empty(0, BASELINE_MESSAGE)
-        except SandboxError as exc:
-            log.warning(
-                "workspace.baseline_failed", extra={"run_id": work.run_id, "error": str(exc)}
-            )
-            return None
+        return _baseline(work, lambda: work.store.take_empty(0, BASELINE_MESSAGE))
     workspace, created, _ = make_owned_workspace(
         work.store.root, work.run_id, options.workspace, work.uid, work.gid
     )
-    if not (options.repo or options.archive):
-        try:
-            return work.store.take(workspace, 0, BASELINE_MESSAGE)
-        except SandboxError as exc:
-            # No baseline: the run goes on; its first turn's snapshot records everything.
-            log.warning(
-                "workspace.baseline_failed", extra={"run_id": work.run_id, "error": str(exc)}
-            )
-            return None
+    if unseeded:
+        return _baseline(work, lambda: work.store.take(workspace, 0, BASELINE_MESSAGE))
     try:
         if options.repo:
             _require_empty(workspace, options)
@@ -203,6 +192,16 @@ def _require_empty(workspace: Path, options: RunOptions) -> None:
 
 def _remove_workspace(workspace: Path) -> None:
     shutil.rmtree(workspace, ignore_errors=True)
+
+
+def _baseline(work: RunWorkspace, take: Callable[[], SnapshotSummary]) -> SnapshotSummary | None:
+    """An unseeded run's turn 0. Without it the run goes on: its first turn's snapshot
+    records everything."""
+    try:
+        return take()
+    except SandboxError as exc:
+        log.warning("workspace.baseline_failed", extra={"run_id": work.run_id, "error": str(exc)})
+        return None
 
 
 def seed_first_turn(
