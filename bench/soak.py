@@ -34,7 +34,7 @@ from bench.chaos import owner_pid
 from bench.private_redis import PrivateRedis
 from bench.scale_load import Cluster, start_cluster
 from bench.worker import signal_and_wait
-from worker.client import HarnessClient
+from worker.client import HarnessClient, StreamEvent
 
 LINES = 8
 TURN_TIMEOUT_S = 12.0
@@ -224,9 +224,14 @@ class Soak:
             # the turn timeout, so timing out is right too.
             expected = expected | {"timeout"}
         if expected and terminal.get("reason") not in expected:
-            sent = "" if fault_at is None else f", fault sent {fault_at - events[0].ts:.1f} s in"
+            sent = (
+                ", no fault sent (no live worker held the turn)"
+                if fault_at is None
+                else f", fault sent {fault_at - events[0].ts:.1f} s in"
+            )
             self.problems.append(
-                f"{where}: ended {terminal.get('type')} {terminal.get('reason')}{sent}"
+                f"{where}: ended {terminal.get('type')} {terminal.get('reason')}{sent}; "
+                + _what_happened(events, terminal)
             )
         if kind in ("none", "redis-restart"):
             texts = [e.data["text"] for e in events if e.type == "assistant-text"]
@@ -290,6 +295,18 @@ def main() -> int:
     for line in report["lines"]:
         print(line)
     return 0 if report["ok"] else 1
+
+
+def _what_happened(events: list[StreamEvent], terminal: dict[str, object]) -> str:
+    """A turn that ended the wrong way, as a problem line tells it: its events with their
+    times, and what its terminal said (so one failure in CI can be read without a rerun)."""
+    start = events[0].ts if events else 0.0
+    steps = ", ".join(f"{e.type} +{e.ts - start:.2f}s" for e in events)
+    tail = str(terminal.get("stderr_tail") or "")[-400:]
+    return (
+        f"events: {steps}; exit code {terminal.get('exit_code')}; "
+        f"error: {terminal.get('error')!r}; stderr: {tail!r}"
+    )
 
 
 def _is_event_problem(problem: str) -> bool:
