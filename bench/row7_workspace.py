@@ -169,6 +169,7 @@ def run(bench: Bench) -> RowResult:
         f"git add -A of the unchanged tree (index up to date): {p50(base_t['add']) * 1000:.1f} "
         "ms p50"
     )
+    store.release()  # as the run's end does: the process forgets its watch and manifest
     shutil.rmtree(base, ignore_errors=True)
     return result
 
@@ -184,8 +185,10 @@ def _seeding(base: Path, plain: Path, repeats: int) -> tuple[list[float], list[f
         ws = root / "run" / "s"
         (ws / ".home").mkdir(parents=True)
         started = time.perf_counter()
-        seed_from_archive(SnapshotStore(root, "s"), ws, archive, ArchiveLimits(), *OWNER)
+        store = SnapshotStore(root, "s")
+        seed_from_archive(store, ws, archive, ArchiveLimits(), *OWNER)
         ours.append(time.perf_counter() - started)
+        store.release()
         target = base / f"bare{r}"
         target.mkdir()
         bare.append(_timed(["tar", "-xzf", str(archive), "-C", str(target)], base))
