@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,15 +17,18 @@ import redis
 
 from adapters.events import TERMINAL_TYPES
 from config import load_settings
+from sandbox.base import Placement, RunSpec
 from sandbox.local import LocalSandbox
 from tests.gitserver import GitServer, git_server
 from tests.helpers import assert_one_terminal
 from tests.integration.conftest import DEMO, Env, start_worker
 from worker.client import HarnessClient
+from worker.fleet.lifecycle import ReapReport, close_lost_turns
 from worker.options.spec import RunOptions, TurnPayload, new_run_id
 from worker.store.keys import Keys
 from worker.store.records import RunStore
 from worker.turn.execute import Shutdown, TurnDeps, execute_turn
+from worker.turn.life import HEARTBEATS
 
 pytestmark = [pytest.mark.redis]
 
@@ -154,3 +158,139 @@ def test_a_cancel_racing_a_claim_leaves_one_terminal_the_record_agrees_with(
         assert len(deps.redis.xrange(deps.keys.events(run_id))) == len(entries)
     assert sum(outcomes.values()) == 40
     print("outcomes", outcomes)
+
+
+class _HeldPrepare(LocalSandbox):
+    """The local sandbox, whose next ``prepare`` waits until released: a turn held between
+    its claim and its harness (as a Redis outage, a slow clone or a slow daemon holds one)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.hold_next = threading.Event()
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def prepare(self, spec: RunSpec) -> Placement:
+        placement = super().prepare(spec)
+        if self.hold_next.is_set():
+            self.hold_next.clear()
+            self.holding.set()
+            self.release.wait(60)
+        return placement
+
+
+def _texts(deps: TurnDeps, run_id: str, turn: int) -> list[dict[str, object]]:
+    return [
+        {"id": entry_id, "type": f["type"], "data": json.loads(f["data"])}
+        for entry_id, f in deps.redis.xrange(deps.keys.events(run_id), str(turn), str(turn))
+    ]
+
+
+@pytest.mark.parametrize("lapse", ["a-beat-finds-it-gone", "beats-fail-until-it-expires"])
+def test_a_turn_whose_hold_lapsed_before_its_harness_started_never_starts_it(
+    race_world: tuple[TurnDeps, HarnessClient],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lapse: str,
+) -> None:
+    """Turn 2 is claimed, then held before its harness starts until its hold lapses; a reaper
+    ends it ``worker-lost`` and the run goes on to turn 3. When turn 2 wakes, its harness must
+    not start: it would kill turn 3's harness as a stray of an earlier turn (seen once in the
+    CI soak as a turn ended ``exit``)."""
+    world, _ = race_world
+    sandbox = _HeldPrepare(tmp_path / "held")
+    settings = world.settings.model_copy(update={"heartbeat_ttl_s": 2})
+    deps = dataclasses.replace(world, settings=settings, sandbox_for=lambda backend: sandbox)
+    run_id = new_run_id()
+    options = RunOptions(harness="stdio-json", executable=str(tmp_path / "harness-demo"))
+    deps.store.create(run_id, options, queue="q", sandbox="local")
+    first = TurnPayload(run_id=run_id, turn=1, input="@complete one")
+    assert execute_turn(deps, first, delivery="d1") == "completed"
+
+    assert deps.store.begin_turn(run_id) == 2
+    sandbox.hold_next.set()
+    second = TurnPayload(run_id=run_id, turn=2, input="@text late\n@complete late")
+    held = threading.Thread(target=execute_turn, args=(deps, second), kwargs={"delivery": "d2"})
+    held.start()
+    assert sandbox.holding.wait(30)
+    owner = deps.keys.turn_owner(run_id, 2)
+    slot = (deps.keys.prefix, run_id, 2)
+    if lapse == "a-beat-finds-it-gone":
+        deps.redis.delete(owner)  # as its TTL running out while Redis was away makes it
+        deadline = time.monotonic() + 10
+        while not HEARTBEATS.lost(slot) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert HEARTBEATS.lost(slot)
+        assert deps.redis.get(owner) is None  # a beat never sets a lapsed key again
+    else:
+        # Redis unreachable for the heartbeat thread alone cannot be made for real here: its
+        # beats are switched off until the key has expired (the claim set it for 2 s).
+        real_beat = HEARTBEATS.beat
+        monkeypatch.setattr(HEARTBEATS, "beat", lambda held: None)
+        deadline = time.monotonic() + 10
+        while deps.redis.exists(owner) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not deps.redis.exists(owner)
+        assert not HEARTBEATS.lost(slot)  # nothing told the turn: it must find out itself
+        monkeypatch.setattr(HEARTBEATS, "beat", real_beat)
+    report = ReapReport()
+    close_lost_turns(deps, report)  # another worker's reaper pass
+    assert report.lost_turns == [f"{run_id}/2"]
+
+    assert deps.store.begin_turn(run_id) == 3
+    third = TurnPayload(run_id=run_id, turn=3, input="@text started\n@sleep 2\n@complete three")
+    outcome: dict[str, str] = {}
+    running = threading.Thread(
+        target=lambda: outcome.update(third=execute_turn(deps, third, delivery="d3"))
+    )
+    running.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+        e["type"] == "assistant-text" for e in _texts(deps, run_id, 3)
+    ):
+        time.sleep(0.05)
+    sandbox.release.set()  # turn 2 wakes while turn 3's harness runs
+    held.join(60)
+    running.join(60)
+
+    second_events = _texts(deps, run_id, 2)
+    terminal = assert_one_terminal(second_events, 2)
+    assert terminal["data"]["reason"] == "worker-lost", terminal
+    assert not [e for e in second_events if e["type"] == "assistant-text"]
+    third_events = _texts(deps, run_id, 3)
+    assert outcome.get("third") == "completed", third_events
+    assert assert_one_terminal(third_events, 3)["type"] == "turn-complete"
+
+
+def test_a_turn_whose_hold_lapses_while_its_harness_runs_stops_it_as_lost(
+    race_world: tuple[TurnDeps, HarnessClient], tmp_path: Path
+) -> None:
+    """Once any reaper may end the turn, its harness's work would be dropped and the run's
+    next turn would kill it: the turn stops it at once, and ends ``worker-lost`` itself."""
+    world, _ = race_world
+    deps = dataclasses.replace(
+        world, settings=world.settings.model_copy(update={"heartbeat_ttl_s": 2})
+    )
+    run_id = new_run_id()
+    options = RunOptions(harness="stdio-json", executable=str(tmp_path / "harness-demo"))
+    deps.store.create(run_id, options, queue="q", sandbox="local")
+    payload = TurnPayload(run_id=run_id, turn=1, input="@text started\n@sleep 30\n@complete x")
+    outcome: dict[str, str] = {}
+    running = threading.Thread(
+        target=lambda: outcome.update(label=execute_turn(deps, payload, delivery="d1"))
+    )
+    running.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+        e["type"] == "assistant-text" for e in _texts(deps, run_id, 1)
+    ):
+        time.sleep(0.05)
+    started = time.monotonic()
+    deps.redis.delete(deps.keys.turn_owner(run_id, 1))  # its hold lapses
+    running.join(30)
+    assert not running.is_alive()
+    assert time.monotonic() - started < 10  # a beat (2/3 s) and a poll, not the 30 s sleep
+    assert outcome["label"] == "failed:worker-lost"
+    terminal = assert_one_terminal(_texts(deps, run_id, 1), 1)
+    assert terminal["data"]["reason"] == "worker-lost", terminal
+    assert "lost its hold" in terminal["data"]["error"]

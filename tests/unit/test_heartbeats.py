@@ -39,3 +39,31 @@ def test_every_held_key_keeps_living_past_its_ttl() -> None:
     assert r.get("owner:a") == b"a" and r.get("owner:b") == b"b"
     for name in ("a", "b"):
         beats.drop(("p", name, 1))
+
+
+def test_a_key_a_beat_finds_gone_makes_the_hold_lost_once_and_for_good() -> None:
+    r = fakeredis.FakeRedis()
+    beats = Heartbeats()
+    held, released = ("p", "held", 1), ("p", "released", 1)
+    for slot in (held, released):
+        r.set(f"owner:{slot[1]}", "t", ex=100)
+        beats.hold(slot, r, f"owner:{slot[1]}", "t", 1)
+    claimed = beats.confirmed_at(held)
+    assert claimed is not None and not beats.lost(held)
+
+    deadline = time.monotonic() + 3.0
+    while beats.confirmed_at(held) == claimed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (beats.confirmed_at(held) or 0) > claimed  # a beat that set it confirms it
+
+    beats.drop(released)  # a turn that ended: its key goes, and that is no lost hold
+    r.delete("owner:released")
+    r.delete("owner:held")  # lapsed (a Redis outage longer than its TTL)
+    deadline = time.monotonic() + 3.0
+    while not beats.lost(held) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert beats.lost(held) and not beats.lost(released)
+    assert r.get("owner:held") is None  # never set again: the turn is not this worker's
+    assert not beats.record(held, alive=True)  # lost for good, whatever a later renewal says
+    beats.drop(held)
+    assert not beats.lost(held) and beats.confirmed_at(held) is None

@@ -90,6 +90,7 @@ class RedisClient(Protocol):
         ex: int | None = None,
         px: int | None = None,
         nx: bool = False,
+        xx: bool = False,
     ) -> bool | None: ...
 
     def delete(self, *names: str) -> int: ...

@@ -459,6 +459,7 @@ class _TurnRun:
                 return _attempt(
                     self.adapter, req, sandbox, placement, secrets, out, limits, stop, number,
                     self.started, gate, telemetry, self.header.trace_id, stall,
+                    self.life.confirm_hold,
                 )  # fmt: skip
 
         outcome, driver = one(request, 1)
@@ -688,7 +689,10 @@ def _attempt(
     telemetry: harness_telemetry.ExecTelemetry | None = None,
     trace_id: str | None = None,
     stall: Stall | None = None,
+    may_start: Callable[[], SessionError | None] | None = None,
 ) -> tuple[attempt.Outcome, StreamDriver]:
+    """One harness process of the turn. ``may_start``, asked last before the process starts,
+    refuses it with the turn's end (the worker no longer holds the turn)."""
     driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
     head = driver.start()
     if number == 1:
@@ -709,6 +713,11 @@ def _attempt(
         cwd=command.cwd,
         keep_stdin=command.keep_stdin,
     )
+    refusal = may_start() if may_start is not None else None
+    if refusal is not None:
+        driver.fail(refusal)
+        assert driver.terminal is not None
+        return attempt.Outcome(driver.terminal, None, ""), driver
     try:
         process = sandbox.start(placement, spec, secrets)
     except SandboxError as exc:

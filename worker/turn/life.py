@@ -41,22 +41,37 @@ carries the same token as the first, so only this tells it from a retry of a los
 _in_flight_lock = threading.Lock()
 
 
+Slot = tuple[str, str, int]
+"""A held turn: (key prefix, run id, turn)."""
+Held = tuple[Slot, RedisClient, str, str, int]
+"""(slot, client, owner key, token, TTL seconds)."""
+
+
 class Heartbeats:
     """The owner heartbeats of every turn this process holds, refreshed by one thread: each
     owner key is set again every third of its TTL, whatever its turn is doing. A Redis error
-    is ignored (the next beat tries again; the turn's events wait in its publisher)."""
+    is ignored (the next beat tries again; the turn's events wait in its publisher).
+
+    Each beat also tells whether the hold still stands: a key the beat finds gone lapsed
+    (Redis was away, or the process stalled, for a whole TTL), and from then on any worker's
+    reaper may end the turn ``worker-lost`` and the run may go on to its next turn. Such a
+    hold is *lost* for good (:meth:`lost`); :meth:`confirmed_at` is when the key was last
+    known to be set (the claim, then every beat that found it)."""
 
     def __init__(self) -> None:
-        self._held: dict[tuple[str, str, int], tuple[RedisClient, str, str, int]] = {}
+        self._held: dict[Slot, tuple[RedisClient, str, str, int]] = {}
+        self._confirmed: dict[Slot, float] = {}
+        self._lost: set[Slot] = set()
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def hold(
-        self, slot: tuple[str, str, int], client: RedisClient, key: str, value: str, ttl_s: int
-    ) -> None:
+    def hold(self, slot: Slot, client: RedisClient, key: str, value: str, ttl_s: int) -> None:
+        """Keep ``key`` alive from now on; its claim has just set it (a full TTL)."""
         with self._lock:
             self._held[slot] = (client, key, value, ttl_s)
+            self._confirmed[slot] = time.monotonic()
+            self._lost.discard(slot)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._beat_forever, name="turn-heartbeats", daemon=True
@@ -64,13 +79,35 @@ class Heartbeats:
                 self._thread.start()
         self._changed.set()
 
-    def drop(self, slot: tuple[str, str, int]) -> None:
+    def drop(self, slot: Slot) -> None:
         with self._lock:
             self._held.pop(slot, None)
+            self._confirmed.pop(slot, None)
+            self._lost.discard(slot)
 
-    def holds(self, slot: tuple[str, str, int]) -> bool:
+    def holds(self, slot: Slot) -> bool:
         with self._lock:
             return slot in self._held
+
+    def lost(self, slot: Slot) -> bool:
+        """Whether a beat found this hold's key gone (it lapsed; the turn is not ours)."""
+        return slot in self._lost
+
+    def confirmed_at(self, slot: Slot) -> float | None:
+        """When (monotonic) this hold's key was last known to be set, if it is held."""
+        return self._confirmed.get(slot)
+
+    def record(self, slot: Slot, *, alive: bool) -> bool:
+        """What a renewal of the key found: set again (``alive``), or gone. False when the
+        hold is lost."""
+        with self._lock:
+            if slot not in self._held:
+                return True  # released meanwhile: its key is gone because the turn ended
+            if alive and slot not in self._lost:
+                self._confirmed[slot] = time.monotonic()
+                return True
+            self._lost.add(slot)
+            return False
 
     def _beat_forever(self) -> None:
         # A new hold only wakes the thread to recompute its interval: its claim has just set
@@ -78,31 +115,34 @@ class Heartbeats:
         last = time.monotonic()
         while True:
             with self._lock:
-                held = list(self._held.values())
-            interval = max(min((ttl / 3 for *_, ttl in held), default=1.0), 0.2)
+                ttls = [ttl for *_, ttl in self._held.values()]
+            interval = max(min((ttl / 3 for ttl in ttls), default=1.0), 0.2)
             due = last + interval
             self._changed.wait(max(due - time.monotonic(), 0.0))
             self._changed.clear()
             if time.monotonic() < due:
                 continue
             with self._lock:
-                held = list(self._held.values())
+                held = [(slot, *e) for slot, e in self._held.items() if slot not in self._lost]
             self.beat(held)
             last = time.monotonic()
 
-    @staticmethod
-    def beat(held: list[tuple[RedisClient, str, str, int]]) -> None:
-        by_client: dict[int, list[tuple[RedisClient, str, str, int]]] = {}
+    def beat(self, held: list[Held]) -> None:
+        by_client: dict[int, list[Held]] = {}
         for entry in held:
-            by_client.setdefault(id(entry[0]), []).append(entry)
+            by_client.setdefault(id(entry[1]), []).append(entry)
         for entries in by_client.values():
-            pipe = entries[0][0].pipeline(transaction=False)
-            for _, key, value, ttl in entries:
+            pipe = entries[0][1].pipeline(transaction=False)
+            for _, _, key, value, ttl in entries:
                 pipe.set(key, value, ex=ttl, xx=True)  # never again after a release
             try:
-                pipe.execute()
+                results = pipe.execute()
             except REDIS_ERRORS:
                 log.debug("turn.heartbeat_failed", extra={"keys": len(entries)})
+                continue
+            for (slot, _, key, _, _), result in zip(entries, results, strict=True):
+                if not self.record(slot, alive=bool(result)):
+                    log.warning("turn.hold_lost", extra={"owner_key": key, "by": "heartbeat"})
 
 
 HEARTBEATS = Heartbeats()
@@ -172,15 +212,40 @@ class TurnLife:
         return claimed
 
     @property
-    def _slot(self) -> tuple[str, str, int]:
+    def _slot(self) -> Slot:
         return (self.deps.keys.prefix, self.ref.run_id, self.ref.turn)
 
+    def confirm_hold(self) -> SessionError | None:
+        """Just before the harness starts: None while this worker still holds the turn, else
+        the turn's end (``worker-lost``), and the harness must not start.
+
+        A harness started after the turn was ended elsewhere would, as its first step, kill
+        the harness of the run's next turn as a stray of an earlier one. So the hold must
+        stand for a while yet: one not known to be set for half its TTL is renewed now (a
+        round trip; a turn that starts within half a TTL of its last beat, as nearly all do,
+        needs none), which leaves any reaper at least half a TTL away."""
+        slot, ttl = self._slot, self.deps.settings.heartbeat_ttl_s
+        if HEARTBEATS.lost(slot):
+            return _hold_lost()
+        confirmed = HEARTBEATS.confirmed_at(slot)
+        if confirmed is not None and time.monotonic() - confirmed < ttl / 2:
+            return None
+        alive = self.patience.call(
+            lambda: self.deps.redis.set(self._owner_key, self._token, ex=ttl, xx=True)
+        )
+        if HEARTBEATS.record(slot, alive=bool(alive)):
+            return None
+        log.warning("turn.hold_lost", extra={"owner_key": self._owner_key, "by": "start"})
+        return _hold_lost()
+
     def stop_check(self) -> Callable[[], SessionError | None]:
-        """What the read loop asks every poll: stop for shutdown or cancel?"""
-        deps, ref = self.deps, self.ref
+        """What the read loop asks every poll: stop for a lost hold, shutdown or cancel?"""
+        deps, ref, slot = self.deps, self.ref, self._slot
         cancel_key = deps.keys.cancel(ref.run_id, ref.turn)
 
         def check() -> SessionError | None:
+            if HEARTBEATS.lost(slot):  # any reaper may end the turn now: stop its harness
+                return _hold_lost()
             if deps.shutdown.expired():
                 return session_error("the worker is shutting down", "shutdown")
             try:
@@ -260,3 +325,12 @@ class TurnLife:
             "internal",
         )
         return self.end(error, run_status="idle")
+
+
+def _hold_lost() -> SessionError:
+    return session_error(
+        "this worker lost its hold on the turn: its heartbeat lapsed for "
+        "HARNESS_HEARTBEAT_TTL_S (Redis unreachable, or the worker stalled), so any worker may "
+        "end the turn as lost",
+        "worker-lost",
+    )
