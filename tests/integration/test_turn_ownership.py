@@ -179,6 +179,22 @@ class _HeldPrepare(LocalSandbox):
         return placement
 
 
+def _running(deps: TurnDeps, payload: TurnPayload) -> tuple[threading.Thread, dict[str, str]]:
+    """The turn run on a thread of its own, once its harness has said something; the
+    thread and, once it is over, the turn's outcome label (``outcome["label"]``)."""
+    outcome: dict[str, str] = {}
+    thread = threading.Thread(
+        target=lambda: outcome.update(label=execute_turn(deps, payload, delivery="run"))
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+        e["type"] == "assistant-text" for e in _texts(deps, payload.run_id, payload.turn)
+    ):
+        time.sleep(0.05)
+    return thread, outcome
+
+
 def _texts(deps: TurnDeps, run_id: str, turn: int) -> list[dict[str, object]]:
     return [
         {"id": entry_id, "type": f["type"], "data": json.loads(f["data"])}
@@ -239,16 +255,7 @@ def test_a_turn_whose_hold_lapsed_before_its_harness_started_never_starts_it(
 
     assert deps.store.begin_turn(run_id) == 3
     third = TurnPayload(run_id=run_id, turn=3, input="@text started\n@sleep 2\n@complete three")
-    outcome: dict[str, str] = {}
-    running = threading.Thread(
-        target=lambda: outcome.update(third=execute_turn(deps, third, delivery="d3"))
-    )
-    running.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(
-        e["type"] == "assistant-text" for e in _texts(deps, run_id, 3)
-    ):
-        time.sleep(0.05)
+    running, outcome = _running(deps, third)
     sandbox.release.set()  # turn 2 wakes while turn 3's harness runs
     held.join(60)
     running.join(60)
@@ -258,7 +265,7 @@ def test_a_turn_whose_hold_lapsed_before_its_harness_started_never_starts_it(
     assert terminal["data"]["reason"] == "worker-lost", terminal
     assert not [e for e in second_events if e["type"] == "assistant-text"]
     third_events = _texts(deps, run_id, 3)
-    assert outcome.get("third") == "completed", third_events
+    assert outcome.get("label") == "completed", third_events
     assert assert_one_terminal(third_events, 3)["type"] == "turn-complete"
 
 
@@ -275,16 +282,7 @@ def test_a_turn_whose_hold_lapses_while_its_harness_runs_stops_it_as_lost(
     options = RunOptions(harness="stdio-json", executable=str(tmp_path / "harness-demo"))
     deps.store.create(run_id, options, queue="q", sandbox="local")
     payload = TurnPayload(run_id=run_id, turn=1, input="@text started\n@sleep 30\n@complete x")
-    outcome: dict[str, str] = {}
-    running = threading.Thread(
-        target=lambda: outcome.update(label=execute_turn(deps, payload, delivery="d1"))
-    )
-    running.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(
-        e["type"] == "assistant-text" for e in _texts(deps, run_id, 1)
-    ):
-        time.sleep(0.05)
+    running, outcome = _running(deps, payload)
     started = time.monotonic()
     deps.redis.delete(deps.keys.turn_owner(run_id, 1))  # its hold lapses
     running.join(30)
