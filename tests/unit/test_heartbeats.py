@@ -67,3 +67,26 @@ def test_a_key_a_beat_finds_gone_makes_the_hold_lost_once_and_for_good() -> None
     assert not beats.record(held, alive=True)  # lost for good, whatever a later renewal says
     beats.drop(held)
     assert not beats.lost(held) and beats.confirmed_at(held) is None
+
+
+def test_a_lapsed_key_is_taken_again_when_its_renew_says_the_turn_is_still_held() -> None:
+    r = fakeredis.FakeRedis()
+    beats = Heartbeats()
+    answers = {"kept": True, "ended": False}
+    for name, answer in answers.items():
+        r.set(f"owner:{name}", "t", ex=100)
+
+        def renew(name: str = name, answer: bool = answer) -> bool:
+            if answer:
+                r.set(f"owner:{name}", "t", ex=1)
+            return answer
+
+        beats.hold(("p", name, 1), r, f"owner:{name}", "t", 1, renew=renew)
+        r.delete(f"owner:{name}")
+    deadline = time.monotonic() + 3.0
+    while not beats.lost(("p", "ended", 1)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert beats.lost(("p", "ended", 1))
+    assert not beats.lost(("p", "kept", 1)) and r.get("owner:kept") == b"t"
+    for name in answers:
+        beats.drop(("p", name, 1))

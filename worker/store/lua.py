@@ -95,6 +95,13 @@ class Scripts:
         args: list[Value] = [token, started_ttl_s, owner_ttl_s, str(turn)]
         return bool(self._call("claim_turn", list(keys), args))
 
+    def renew_hold(
+        self, keys: tuple[str, str, str], turn: int, token: str, owner_ttl_s: int
+    ) -> bool:
+        """See ``renew_hold.lua``: ``keys`` the turn's started mark and owner heartbeat, the
+        run's stream. False when the turn is no longer the token's to hold."""
+        return bool(self._call("renew_hold", list(keys), [token, owner_ttl_s, str(turn)]))
+
     def delete_if_mine(self, key: str, value: str) -> bool:
         return bool(self._call("delete_if_mine", [key], [value]))
 

@@ -43,8 +43,10 @@ _in_flight_lock = threading.Lock()
 
 Slot = tuple[str, str, int]
 """A held turn: (key prefix, run id, turn)."""
-Held = tuple[Slot, RedisClient, str, str, int]
-"""(slot, client, owner key, token, TTL seconds)."""
+Renew = Callable[[], bool]
+"""Takes a lapsed hold again if the turn is still its worker's and has not ended."""
+Held = tuple[Slot, RedisClient, str, str, int, Renew | None]
+"""(slot, client, owner key, token, TTL seconds, renew)."""
 
 
 class Heartbeats:
@@ -52,24 +54,34 @@ class Heartbeats:
     owner key is set again every third of its TTL, whatever its turn is doing. A Redis error
     is ignored (the next beat tries again; the turn's events wait in its publisher).
 
-    Each beat also tells whether the hold still stands: a key the beat finds gone lapsed
-    (Redis was away, or the process stalled, for a whole TTL), and from then on any worker's
-    reaper may end the turn ``worker-lost`` and the run may go on to its next turn. Such a
-    hold is *lost* for good (:meth:`lost`); :meth:`confirmed_at` is when the key was last
-    known to be set (the claim, then every beat that found it)."""
+    Each beat also tells whether the hold still stands. A key the beat finds gone lapsed
+    (Redis was away, or the process stalled, for a whole TTL): any worker's reaper may then
+    end the turn ``worker-lost``, and the run go on to its next turn. The hold's ``renew``
+    takes it again if no reaper has (the turn is still this worker's and has not ended);
+    otherwise it is *lost* for good (:meth:`lost`). :meth:`confirmed_at` is when the key was
+    last known to be set (the claim, then every beat or renewal that found or set it)."""
 
     def __init__(self) -> None:
-        self._held: dict[Slot, tuple[RedisClient, str, str, int]] = {}
+        self._held: dict[Slot, tuple[RedisClient, str, str, int, Renew | None]] = {}
         self._confirmed: dict[Slot, float] = {}
         self._lost: set[Slot] = set()
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def hold(self, slot: Slot, client: RedisClient, key: str, value: str, ttl_s: int) -> None:
-        """Keep ``key`` alive from now on; its claim has just set it (a full TTL)."""
+    def hold(
+        self,
+        slot: Slot,
+        client: RedisClient,
+        key: str,
+        value: str,
+        ttl_s: int,
+        renew: Renew | None = None,
+    ) -> None:
+        """Keep ``key`` alive from now on; its claim has just set it (a full TTL). Without
+        ``renew``, a key found gone is a lost hold."""
         with self._lock:
-            self._held[slot] = (client, key, value, ttl_s)
+            self._held[slot] = (client, key, value, ttl_s, renew)
             self._confirmed[slot] = time.monotonic()
             self._lost.discard(slot)
             if self._thread is None or not self._thread.is_alive():
@@ -115,7 +127,7 @@ class Heartbeats:
         last = time.monotonic()
         while True:
             with self._lock:
-                ttls = [ttl for *_, ttl in self._held.values()]
+                ttls = [entry[3] for entry in self._held.values()]
             interval = max(min((ttl / 3 for ttl in ttls), default=1.0), 0.2)
             due = last + interval
             self._changed.wait(max(due - time.monotonic(), 0.0))
@@ -133,16 +145,32 @@ class Heartbeats:
             by_client.setdefault(id(entry[1]), []).append(entry)
         for entries in by_client.values():
             pipe = entries[0][1].pipeline(transaction=False)
-            for _, _, key, value, ttl in entries:
+            for _, _, key, value, ttl, _ in entries:
                 pipe.set(key, value, ex=ttl, xx=True)  # never again after a release
             try:
                 results = pipe.execute()
             except REDIS_ERRORS:
                 log.debug("turn.heartbeat_failed", extra={"keys": len(entries)})
                 continue
-            for (slot, _, key, _, _), result in zip(entries, results, strict=True):
+            for (slot, _, key, _, _, renew), result in zip(entries, results, strict=True):
+                if not result:
+                    result = self._take_again(slot, key, renew)
+                    if result is None:
+                        continue  # Redis went away again: the next beat tries
                 if not self.record(slot, alive=bool(result)):
                     log.warning("turn.hold_lost", extra={"owner_key": key, "by": "heartbeat"})
+
+    def _take_again(self, slot: Slot, key: str, renew: Renew | None) -> bool | None:
+        """A lapsed key: taken again (True), lost (False), or unknown (None: Redis away)."""
+        if renew is None or not self.holds(slot):
+            return False
+        try:
+            taken = renew()
+        except REDIS_ERRORS:
+            return None
+        if taken:
+            log.warning("turn.hold_renewed", extra={"owner_key": key})
+        return taken
 
 
 HEARTBEATS = Heartbeats()
@@ -207,9 +235,28 @@ class TurnLife:
         if claimed:
             self._token = token
             HEARTBEATS.hold(
-                self._slot, deps.redis, self._owner_key, token, deps.settings.heartbeat_ttl_s
+                self._slot,
+                deps.redis,
+                self._owner_key,
+                token,
+                deps.settings.heartbeat_ttl_s,
+                renew=self._renew,
             )
         return claimed
+
+    def _renew(self) -> bool:
+        """Take the hold again if the turn is still ours and has not ended (it lapsed)."""
+        deps, ref = self.deps, self.ref
+        return lua.scripts(deps.redis).renew_hold(
+            (
+                deps.keys.turn_started(ref.run_id, ref.turn),
+                self._owner_key,
+                deps.keys.events(ref.run_id),
+            ),
+            ref.turn,
+            self._token,
+            deps.settings.heartbeat_ttl_s,
+        )
 
     @property
     def _slot(self) -> Slot:
@@ -221,19 +268,17 @@ class TurnLife:
 
         A harness started after the turn was ended elsewhere would, as its first step, kill
         the harness of the run's next turn as a stray of an earlier one. So the hold must
-        stand for a while yet: one not known to be set for half its TTL is renewed now (a
-        round trip; a turn that starts within half a TTL of its last beat, as nearly all do,
-        needs none), which leaves any reaper at least half a TTL away."""
+        stand for a while yet: one not known to be set for half its TTL is renewed now (one
+        script call, which takes a lapsed hold again unless a reaper ended the turn; a turn
+        that starts within half a TTL of its last beat, as nearly all do, needs none), which
+        leaves any reaper at least half a TTL away."""
         slot, ttl = self._slot, self.deps.settings.heartbeat_ttl_s
         if HEARTBEATS.lost(slot):
             return _hold_lost()
         confirmed = HEARTBEATS.confirmed_at(slot)
         if confirmed is not None and time.monotonic() - confirmed < ttl / 2:
             return None
-        alive = self.patience.call(
-            lambda: self.deps.redis.set(self._owner_key, self._token, ex=ttl, xx=True)
-        )
-        if HEARTBEATS.record(slot, alive=bool(alive)):
+        if HEARTBEATS.record(slot, alive=self.patience.call(self._renew)):
             return None
         log.warning("turn.hold_lost", extra={"owner_key": self._owner_key, "by": "start"})
         return _hold_lost()
@@ -244,7 +289,7 @@ class TurnLife:
         cancel_key = deps.keys.cancel(ref.run_id, ref.turn)
 
         def check() -> SessionError | None:
-            if HEARTBEATS.lost(slot):  # any reaper may end the turn now: stop its harness
+            if HEARTBEATS.lost(slot):  # another worker ended the turn: stop its harness
                 return _hold_lost()
             if deps.shutdown.expired():
                 return session_error("the worker is shutting down", "shutdown")
@@ -330,7 +375,7 @@ class TurnLife:
 def _hold_lost() -> SessionError:
     return session_error(
         "this worker lost its hold on the turn: its heartbeat lapsed for "
-        "HARNESS_HEARTBEAT_TTL_S (Redis unreachable, or the worker stalled), so any worker may "
-        "end the turn as lost",
+        "HARNESS_HEARTBEAT_TTL_S (Redis unreachable, or the worker stalled) and another worker "
+        "ended the turn as lost",
         "worker-lost",
     )
