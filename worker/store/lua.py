@@ -30,11 +30,25 @@ def _set(name: str, members: Sequence[str]) -> str:
     return f"local {name} = {{{items}}}\n"
 
 
+_TURN_ENDED = """local function turn_ended(stream, turn)
+  local last = redis.call('XREVRANGE', stream, turn .. '-18446744073709551615', turn .. '-0',
+    'COUNT', 1)
+  if #last == 0 then return false end
+  local fields = last[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'type' and TERMINAL[fields[i + 1]] then return true end
+  end
+  return false
+end
+"""
+"""Whether the turn's last entry in the run's stream is its terminal."""
+
 PRELUDE = (
     lua_prelude()
     + _set("IN_FLIGHT", IN_FLIGHT)
     + _set("FINISHED", FINISHED)
     + _set("TERMINAL", sorted(TERMINAL_TYPES))
+    + _TURN_ENDED
 )
 
 SOURCES: dict[str, str] = {

@@ -10,14 +10,7 @@
 local token = redis.call('GET', KEYS[1])
 if token and token ~= ARGV[1] then return 0 end
 local turn = ARGV[4]
-local last = redis.call('XREVRANGE', KEYS[3], turn .. '-18446744073709551615', turn .. '-0',
-  'COUNT', 1)
-if #last > 0 then
-  local fields = last[1][2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'type' and TERMINAL[fields[i + 1]] then return 0 end
-  end
-end
+if turn_ended(KEYS[3], turn) then return 0 end
 if (tonumber(redis.call('HGET', KEYS[4], 'turns')) or 0) > tonumber(turn) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])

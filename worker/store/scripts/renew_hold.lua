@@ -5,14 +5,6 @@
 -- reaper's end_turn.lua: one of the two wins, and the other sees it.
 -- KEYS: started mark, owner heartbeat, run stream. ARGV: token, heartbeat TTL (seconds), turn.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local turn = ARGV[3]
-local last = redis.call('XREVRANGE', KEYS[3], turn .. '-18446744073709551615', turn .. '-0',
-  'COUNT', 1)
-if #last > 0 then
-  local fields = last[1][2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'type' and TERMINAL[fields[i + 1]] then return 0 end
-  end
-end
+if turn_ended(KEYS[3], ARGV[3]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
 return 1
