@@ -701,9 +701,9 @@ def _attempt(
     try:
         command = adapter.build_command(request)
     except ValueError as exc:
-        driver.fail(session_error(f"cannot build the command: {exc}", "invalid-input"))
-        assert driver.terminal is not None
-        return attempt.Outcome(driver.terminal, None, ""), driver
+        return _no_process(
+            driver, session_error(f"cannot build the command: {exc}", "invalid-input")
+        )
     env, files = (telemetry or harness_telemetry.ExecTelemetry()).apply(command.env, command.files)
     spec = ExecSpec(
         argv=tuple(command.argv),
@@ -715,15 +715,13 @@ def _attempt(
     )
     refusal = may_start() if may_start is not None else None
     if refusal is not None:
-        driver.fail(refusal)
-        assert driver.terminal is not None
-        return attempt.Outcome(driver.terminal, None, ""), driver
+        return _no_process(driver, refusal)
     try:
         process = sandbox.start(placement, spec, secrets)
     except SandboxError as exc:
-        driver.fail(session_error(f"the harness could not be started: {exc}", "sandbox"))
-        assert driver.terminal is not None
-        return attempt.Outcome(driver.terminal, None, ""), driver
+        return _no_process(
+            driver, session_error(f"the harness could not be started: {exc}", "sandbox")
+        )
     log.info("harness.started", extra={"attempt": number, "executable": spec.argv[0]})
     try:
         if gate is not None:
@@ -734,9 +732,9 @@ def _attempt(
         with contextlib.suppress(SandboxError):
             process.kill(grace=limits.kill_grace_s)
         problem = sandbox.diagnose(placement.run_id) or str(exc)
-        driver.fail(session_error(f"the sandbox failed during the turn: {problem}", "sandbox"))
-        assert driver.terminal is not None
-        outcome = attempt.Outcome(driver.terminal, None, "")
+        outcome, _ = _no_process(
+            driver, session_error(f"the sandbox failed during the turn: {problem}", "sandbox")
+        )
     except BaseException:
         # An error of the worker while the harness runs: stop the harness before the turn
         # is ended as ``internal`` (the process must not outlive its turn).
@@ -744,6 +742,13 @@ def _attempt(
             process.kill(grace=limits.kill_grace_s)
         raise
     return outcome, driver
+
+
+def _no_process(driver: StreamDriver, error: SessionError) -> tuple[attempt.Outcome, StreamDriver]:
+    """The attempt ends with ``error`` and no exit code of a process to report."""
+    driver.fail(error)
+    assert driver.terminal is not None
+    return attempt.Outcome(driver.terminal, None, ""), driver
 
 
 def _traced(event: Event, trace_id: str | None) -> Event:

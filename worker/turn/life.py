@@ -102,7 +102,8 @@ class Heartbeats:
             return slot in self._held
 
     def lost(self, slot: Slot) -> bool:
-        """Whether a beat found this hold's key gone (it lapsed; the turn is not ours)."""
+        """Whether this hold's key was found gone and could not be taken again (another
+        worker ended the turn): the turn is not ours any more."""
         return slot in self._lost
 
     def confirmed_at(self, slot: Slot) -> float | None:
