@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 from sandbox.base import (
     LABEL_LEASE,
@@ -185,10 +186,7 @@ def _kill_recorded_groups(meta_path: Path) -> int:
     Only processes still in such a group *and* working inside the run's workspace are
     killed, so a recycled process-group id never takes an unrelated process with it.
     """
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
-        return 0
+    meta = _read_meta(meta_path)
     workspace = meta.get("workspace")
     groups = {pgid for pgid in meta.get("pgids", []) if _group_exists(pgid)}
     if not groups or not workspace:
@@ -200,6 +198,31 @@ def _kill_recorded_groups(meta_path: Path) -> int:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
     return killed
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """A run's metadata file (see ``LocalSandbox``), or {} when it is missing or unreadable
+    (say, read in the instant another process rewrites it)."""
+    try:
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _write_meta(path: Path, meta: Mapping[str, Any]) -> None:
+    """Rewrite the file in place rather than truncate it to nothing first: ext4 flushes a file
+    truncated to zero and written again as it is closed (``auto_da_alloc``), and a turn writes
+    this one once or twice. A reader that catches it half written reads no JSON, as for a
+    missing file, and the next write makes it whole."""
+    data = json.dumps(meta).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(f"short write to {path}")
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _group_exists(pgid: int) -> bool:
@@ -227,19 +250,16 @@ class LocalSandbox:
             home.mkdir(parents=True, exist_ok=True)
             (workspace / ".tmp").mkdir(exist_ok=True)
             # What earlier turns recorded stays: start() and teardown() kill what is left.
-            meta = {"run_id": spec.run_id, **dict(spec.labels), **self._recorded(spec.run_id)}
-            (self.root / "run").mkdir(parents=True, exist_ok=True)
-            self._meta_path(spec.run_id).write_text(json.dumps(meta))
+            path = self._meta_path(spec.run_id)
+            recorded = _read_meta(path)
+            kept: dict[str, Any] = {k: recorded[k] for k in ("workspace", "pgids") if k in recorded}
+            meta: dict[str, Any] = {"run_id": spec.run_id, **dict(spec.labels), **kept}
+            if meta != recorded:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_meta(path, meta)
         except OSError as exc:
             raise SandboxError(f"cannot create workspace {workspace}: {exc}") from exc
         return Placement("local", spec.run_id, str(workspace), str(home))
-
-    def _recorded(self, run_id: str) -> dict[str, object]:
-        try:
-            meta = json.loads(self._meta_path(run_id).read_text())
-        except (OSError, ValueError):
-            return {}
-        return {key: meta[key] for key in ("workspace", "pgids") if key in meta}
 
     def _meta_path(self, run_id: str) -> Path:
         return self.root / "run" / f"{safe_name(run_id, 'run id')}.json"
@@ -287,15 +307,14 @@ class LocalSandbox:
 
     def _update_meta(self, run_id: str, fields: Mapping[str, str], pgid: int | None = None) -> None:
         path = self._meta_path(run_id)
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError):
-            meta = {"run_id": run_id}
-        meta.update(fields)
+        recorded = _read_meta(path)
+        meta = {"run_id": run_id, **recorded, **fields}
         if pgid is not None:
             meta["pgids"] = [*meta.get("pgids", [])[-15:], pgid]
+        if meta == recorded:
+            return
         try:
-            path.write_text(json.dumps(meta))
+            _write_meta(path, meta)
         except OSError as exc:
             log.warning("sandbox.meta_failed", extra={"run_id": run_id, "error": str(exc)})
 
@@ -336,9 +355,8 @@ class LocalSandbox:
     def managed(self) -> list[ManagedSandbox]:
         found: list[ManagedSandbox] = []
         for path in sorted((self.root / "run").glob("*.json")):
-            try:
-                meta = json.loads(path.read_text())
-            except (OSError, ValueError):
+            meta = _read_meta(path)
+            if not meta:
                 continue
             lease = meta.get(LABEL_LEASE)
             found.append(

@@ -20,7 +20,7 @@ from sandbox.base import (
     WarmPool,
 )
 from sandbox.docker.sandbox import DockerSandbox
-from sandbox.local import LocalProcess, LocalSandbox
+from sandbox.local import LocalProcess, LocalSandbox, _read_meta, _write_meta
 from sandbox.workspace import safe_name
 
 RUN = "r0123456789abcdef01234567"
@@ -358,3 +358,16 @@ def test_optional_abilities_are_protocols_the_backends_declare(
     docker = DockerSandbox(tmp_path / "docker")
     assert isinstance(docker, Egress) and isinstance(docker, WarmPool)
     assert not isinstance(sandbox, Egress) and not isinstance(sandbox, WarmPool)
+
+
+def test_metadata_rewritten_in_place_reads_back_whole(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    _write_meta(path, {"run_id": RUN, "pgids": list(range(1000, 1016)), "workspace": "/w"})
+    inode = path.stat().st_ino
+    _write_meta(path, {"run_id": RUN, "pgids": [7]})  # shorter: the old tail is cut off
+    assert _read_meta(path) == {"run_id": RUN, "pgids": [7]}
+    assert path.stat().st_ino == inode  # rewritten, not replaced
+    path.write_bytes(b'{"run_id": "r1", "pgi')  # as a reader may catch it mid-write
+    assert _read_meta(path) == {}
+    path.write_bytes(b"[1, 2]")
+    assert _read_meta(path) == {}
