@@ -7,8 +7,8 @@ commit in a single pass; :func:`ls_tree` lists a commit's tree. All run through
 
 :func:`write_commit` and :func:`write_ref` write a commit whose tree the store already holds,
 and a ref, without a process, in git's own formats (a zlib-compressed loose object; a ref file
-holding the id, renamed into place from ``<ref>.lock``): the store is a bare repository only
-the worker writes, under its lock, with no packed refs.
+holding the id, renamed into place from ``<ref>.lock`` when new, overwritten when it moves):
+the store is a bare repository only the worker writes, under its lock, with no packed refs.
 """
 
 from __future__ import annotations
@@ -184,10 +184,33 @@ def write_object(git_dir: Path, kind: bytes, body: bytes) -> str:
 
 
 def write_ref(git_dir: Path, ref: str, oid: str) -> None:
-    """Point the loose ref ``ref`` (``refs/...``) at ``oid``."""
+    """Point the loose ref ``ref`` (``refs/...``) at ``oid``: a new ref renamed into place from
+    its lock file, an existing one (the tip, moved every turn) overwritten in place."""
     target = git_dir / ref
+    data = oid.encode() + b"\n"
+    if overwrite_in_place(target, data):
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
-    _write_replace(target.with_name(target.name + ".lock"), target, oid.encode() + b"\n", 0o644)
+    _write_replace(target.with_name(target.name + ".lock"), target, data, 0o644)
+
+
+def overwrite_in_place(path: Path, data: bytes) -> bool:
+    """Write ``data`` over an existing file of exactly its length (False, nothing written, when
+    there is none). For a small file that changes every turn, an object id: renaming a new
+    file over an old one costs a flush of the new one on ext4 (``auto_da_alloc``), ~0.4 ms
+    here, and the overwrite lies within one sector, which a crash leaves old or new."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if os.fstat(fd).st_size != len(data):
+            return False
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(f"short write to {path}")
+        return True
+    finally:
+        os.close(fd)
 
 
 def _write_replace(temporary: Path, target: Path, data: bytes, mode: int) -> None:

@@ -62,6 +62,7 @@ from sandbox.store.git_objects import (
     BlobReader,
     FastImport,
     ls_tree,
+    overwrite_in_place,
     write_commit,
     write_object,
     write_ref,
@@ -566,12 +567,13 @@ class SnapshotStore:
         cached = watch.manifest
         on_disk = cached is not None and cached[2] is previous
         watch.manifest = None
-        pointer.unlink(missing_ok=True)  # never a new commit named next to an old manifest
-        if (
+        rewrite = (
             changes.any()
             or not (on_disk or entries is previous or entries == previous)
             or not (self.path / MANIFEST).exists()
-        ):
+        )
+        if rewrite:
+            pointer.unlink(missing_ok=True)  # never a new commit named next to an old manifest
             data = {
                 "version": MANIFEST_VERSION,
                 "entries": {path: tuple(entry) for path, entry in entries.items()},
@@ -579,9 +581,12 @@ class SnapshotStore:
             temporary = self.path / f"{MANIFEST}.tmp"
             temporary.write_bytes(marshal.dumps(data))
             temporary.replace(self.path / MANIFEST)
-        temporary = self.path / f"{MANIFEST}.commit.tmp"
-        temporary.write_text(commit)
-        temporary.replace(pointer)
+        # The manifest as it is names this commit's tree too: only the pointer moves. A torn
+        # pointer names no commit, and a manifest no pointer matches is read again from git.
+        if rewrite or not overwrite_in_place(pointer, commit.encode()):
+            temporary = self.path / f"{MANIFEST}.commit.tmp"
+            temporary.write_text(commit)
+            temporary.replace(pointer)
         watch.manifest = (commit, _file_key(self.path / MANIFEST), entries)
 
     def _observe(

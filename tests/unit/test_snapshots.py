@@ -102,6 +102,15 @@ def test_unchanged_workspace_gives_empty_summary_and_new_turn_ref(root: Path, ws
     assert git(store.path, "log", "-1", "--format=%s%n%an <%ae>", "refs/turns/1") == (
         "nothing\nharness-worker <harness-worker@localhost>"
     )
+    tip = store.path / "refs" / "harness" / "tip"
+    inode = tip.stat().st_ino
+    third = store.take(ws, 2, "nothing again")
+    # The tip moves by an overwrite of its file, which git reads as it reads any loose ref.
+    assert tip.stat().st_ino == inode
+    assert git(store.path, "rev-parse", "refs/harness/tip") == third.snapshot
+    assert git(store.path, "rev-parse", "refs/turns/2^") == second.snapshot
+    git(store.path, "fsck", "--no-progress", "--strict")
+    assert store_for(root).take(ws, 3, "a fresh process").added == ()
 
 
 def test_file_rewritten_with_same_size_and_forged_mtime_is_seen(root: Path, ws: Path) -> None:
