@@ -33,6 +33,7 @@ from sandbox.base import (
 )
 from sandbox.chunks import ChunkQueue
 from sandbox.procs import read_group
+from sandbox.small_files import rewrite_in_place
 from sandbox.stdin_pipe import StdinPipe
 from sandbox.store.snapshots import SnapshotStore
 from sandbox.workspace import safe_name, workspace_dir
@@ -210,21 +211,6 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _write_meta(path: Path, meta: Mapping[str, Any]) -> None:
-    """Rewrite the file in place rather than truncate it to nothing first: ext4 flushes a file
-    truncated to zero and written again as it is closed (``auto_da_alloc``), and a turn writes
-    this one once or twice. A reader that catches it half written reads no JSON, as for a
-    missing file, and the next write makes it whole."""
-    data = json.dumps(meta).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        if os.pwrite(fd, data, 0) != len(data):
-            raise OSError(f"short write to {path}")
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
-
-
 def _group_exists(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -256,7 +242,7 @@ class LocalSandbox:
             meta: dict[str, Any] = {"run_id": spec.run_id, **dict(spec.labels), **kept}
             if meta != recorded:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _write_meta(path, meta)
+                rewrite_in_place(path, json.dumps(meta).encode())
         except OSError as exc:
             raise SandboxError(f"cannot create workspace {workspace}: {exc}") from exc
         return Placement("local", spec.run_id, str(workspace), str(home))
@@ -314,7 +300,7 @@ class LocalSandbox:
         if meta == recorded:
             return
         try:
-            _write_meta(path, meta)
+            rewrite_in_place(path, json.dumps(meta).encode())
         except OSError as exc:
             log.warning("sandbox.meta_failed", extra={"run_id": run_id, "error": str(exc)})
 

@@ -14,10 +14,10 @@ import json
 import logging
 import os
 import re
-import uuid
 from pathlib import Path
 
 from sandbox.base import SandboxError
+from sandbox.small_files import rewrite_in_place
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,9 @@ def own(path: Path, uid: int, gid: int) -> None:
 
 
 class LeaseFiles:
-    """Each run's lease as ``<root>/leases/<run_id>.json``, replaced atomically on renewal."""
+    """Each run's lease as ``<root>/leases/<run_id>.json``, rewritten in place on renewal (a
+    reaper that cannot read it takes the later of the container's label and the run's record,
+    worker/fleet/lifecycle.py)."""
 
     def __init__(self, root: Path) -> None:
         self.directory = root / "leases"
@@ -92,9 +94,9 @@ class LeaseFiles:
         path = self.path(run_id)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")
-            temporary.write_text(json.dumps({"run_id": run_id, "lease_until": lease_until}))
-            temporary.replace(path)
+            rewrite_in_place(
+                path, json.dumps({"run_id": run_id, "lease_until": lease_until}).encode()
+            )
         except OSError as exc:
             log.warning("sandbox.renew_failed", extra={"run_id": run_id, "error": str(exc)})
 

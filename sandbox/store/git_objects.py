@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import IO, NamedTuple
 
 from sandbox.base import GitError
+from sandbox.small_files import rewrite_in_place
 from sandbox.store.git_run import popen_git, run_git
 
 
@@ -188,29 +189,10 @@ def write_ref(git_dir: Path, ref: str, oid: str) -> None:
     its lock file, an existing one (the tip, moved every turn) overwritten in place."""
     target = git_dir / ref
     data = oid.encode() + b"\n"
-    if overwrite_in_place(target, data):
+    if rewrite_in_place(target, data, create=False):
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     _write_replace(target.with_name(target.name + ".lock"), target, data, 0o644)
-
-
-def overwrite_in_place(path: Path, data: bytes) -> bool:
-    """Write ``data`` over an existing file of exactly its length (False, nothing written, when
-    there is none). For a small file that changes every turn, an object id: renaming a new
-    file over an old one costs a flush of the new one on ext4 (``auto_da_alloc``), ~0.4 ms
-    here, and the overwrite lies within one sector, which a crash leaves old or new."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        if os.fstat(fd).st_size != len(data):
-            return False
-        if os.pwrite(fd, data, 0) != len(data):
-            raise OSError(f"short write to {path}")
-        return True
-    finally:
-        os.close(fd)
 
 
 def _write_replace(temporary: Path, target: Path, data: bytes, mode: int) -> None:

@@ -56,13 +56,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sandbox.base import ExportTooLarge, GitError, SnapshotError, UnknownSnapshot, UnsafePath
+from sandbox.small_files import rewrite_in_place
 from sandbox.store.export import write_tar_gz
 from sandbox.store.git_objects import (
     EMPTY_TREE,
     BlobReader,
     FastImport,
     ls_tree,
-    overwrite_in_place,
     write_commit,
     write_object,
     write_ref,
@@ -583,7 +583,7 @@ class SnapshotStore:
             temporary.replace(self.path / MANIFEST)
         # The manifest as it is names this commit's tree too: only the pointer moves. A torn
         # pointer names no commit, and a manifest no pointer matches is read again from git.
-        if rewrite or not overwrite_in_place(pointer, commit.encode()):
+        if rewrite or not rewrite_in_place(pointer, commit.encode(), create=False):
             temporary = self.path / f"{MANIFEST}.commit.tmp"
             temporary.write_text(commit)
             temporary.replace(pointer)

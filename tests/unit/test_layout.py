@@ -116,6 +116,7 @@ BACKEND = frozenset(
         "sandbox.base",
         "sandbox.chunks",
         "sandbox.procs",
+        "sandbox.small_files",
         "sandbox.stdin_pipe",
         "sandbox.workspace",
         "sandbox.store",
@@ -127,15 +128,17 @@ RULES: dict[str, Rule] = {
     "adapters": Rule(frozenset({"adapters"}), frozenset({"pydantic", "pydantic_core", "orjson"})),
     # The boundary knows nothing but itself.
     "sandbox/base.py": Rule(frozenset()),
-    # Small shared helpers of the backends.
-    "sandbox": Rule(frozenset({"sandbox.base"})),
+    # Small shared helpers of the backends (the lowest, small_files, imports none of ours).
+    "sandbox": Rule(frozenset({"sandbox.base", "sandbox.small_files"})),
     # The daemon's ID names the host's queue (HARNESS_HOST_QUEUE otherwise).
     "sandbox/identity.py": Rule(frozenset({"sandbox.base"}), frozenset({"docker", "requests"})),
     # A backend: the boundary, the shared helpers and the store; never the other backend.
     "sandbox/local.py": Rule(BACKEND),
     "sandbox/docker": Rule(BACKEND | {"sandbox.docker"}, frozenset({"docker", "requests"})),
     # The workspace store knows no backend.
-    "sandbox/store": Rule(frozenset({"sandbox.base", "sandbox.workspace", "sandbox.store"})),
+    "sandbox/store": Rule(
+        frozenset({"sandbox.base", "sandbox.small_files", "sandbox.workspace", "sandbox.store"})
+    ),
 }
 FIRST_PARTY = {"adapters", "sandbox", "worker", "config", "tests"}
 

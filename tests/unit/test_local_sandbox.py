@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -20,7 +21,8 @@ from sandbox.base import (
     WarmPool,
 )
 from sandbox.docker.sandbox import DockerSandbox
-from sandbox.local import LocalProcess, LocalSandbox, _read_meta, _write_meta
+from sandbox.local import LocalProcess, LocalSandbox, _read_meta
+from sandbox.small_files import rewrite_in_place
 from sandbox.workspace import safe_name
 
 RUN = "r0123456789abcdef01234567"
@@ -362,9 +364,11 @@ def test_optional_abilities_are_protocols_the_backends_declare(
 
 def test_metadata_rewritten_in_place_reads_back_whole(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
-    _write_meta(path, {"run_id": RUN, "pgids": list(range(1000, 1016)), "workspace": "/w"})
+    long = {"run_id": RUN, "pgids": list(range(1000, 1016)), "workspace": "/w"}
+    rewrite_in_place(path, json.dumps(long).encode())
     inode = path.stat().st_ino
-    _write_meta(path, {"run_id": RUN, "pgids": [7]})  # shorter: the old tail is cut off
+    short = {"run_id": RUN, "pgids": [7]}
+    rewrite_in_place(path, json.dumps(short).encode())  # the old tail is cut off
     assert _read_meta(path) == {"run_id": RUN, "pgids": [7]}
     assert path.stat().st_ino == inode  # rewritten, not replaced
     path.write_bytes(b'{"run_id": "r1", "pgi')  # as a reader may catch it mid-write
