@@ -7,6 +7,7 @@ directory: use the Docker backend for anything you do not trust.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from sandbox.procs import read_group
 from sandbox.small_files import rewrite_in_place
 from sandbox.stdin_pipe import StdinPipe
 from sandbox.store.snapshots import SnapshotStore
+from sandbox.threads import start_thread
 from sandbox.workspace import safe_name, workspace_dir
 
 log = logging.getLogger(__name__)
@@ -68,10 +70,6 @@ class LocalProcess:
         self._popen = popen
         self._chunks = ChunkQueue(streams=2)
         self._killed = False
-        self._threads = [
-            threading.Thread(target=self._pump, args=(popen.stdout, "stdout"), daemon=True),
-            threading.Thread(target=self._pump, args=(popen.stderr, "stderr"), daemon=True),
-        ]
         self._stdin: StdinPipe | None = None
         if popen.stdin is not None:
             pipe = popen.stdin
@@ -87,8 +85,12 @@ class LocalProcess:
             self._stdin = StdinPipe(
                 send, shut, stdin or b"", keep_open=keep_stdin, name=f"local-{popen.pid}-in"
             )
-        for thread in self._threads:
-            thread.start()
+        start_thread(
+            functools.partial(self._pump, popen.stdout, "stdout"), f"local-{popen.pid}-out"
+        )
+        start_thread(
+            functools.partial(self._pump, popen.stderr, "stderr"), f"local-{popen.pid}-err"
+        )
 
     def write(self, data: bytes) -> bool:
         return self._stdin.write(data) if self._stdin is not None else False

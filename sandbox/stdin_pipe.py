@@ -14,6 +14,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+from sandbox.threads import start_thread
+
 _CLOSE = object()
 
 
@@ -41,7 +43,7 @@ class StdinPipe:
         if not keep_open:
             self._closed = True
             self._queue.put(_CLOSE)
-        threading.Thread(target=self._pump, name=name, daemon=True).start()
+        start_thread(self._pump, name)
 
     def write(self, data: bytes) -> bool:
         """Queue ``data``; False when the pipe is closed or broken (nothing will be written)."""

@@ -15,6 +15,7 @@ Docker SDK errors are translated by the sandbox's error seam, handed in as ``sea
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -37,6 +38,7 @@ from sandbox.docker.scripts import (
 )
 from sandbox.docker.stream import STDOUT, DaemonRefused, RawEndpoint, frames, open_exec_stream
 from sandbox.stdin_pipe import StdinPipe
+from sandbox.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -305,10 +307,7 @@ class DockerProcess:
         self._exit_code: int | None = None
         self._killed = False
         self._kill_lock = threading.Lock()
-        self._reader = threading.Thread(
-            target=self._pump, args=(stream,), name=f"exec-{exec_id[:12]}-out", daemon=True
-        )
-        self._reader.start()
+        start_thread(functools.partial(self._pump, stream), f"exec-{exec_id[:12]}-out")
         self._stdin: StdinPipe | None = None
         if stdin is not None or keep_stdin:
             self._stdin = StdinPipe(

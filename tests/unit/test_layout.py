@@ -118,6 +118,7 @@ BACKEND = frozenset(
         "sandbox.procs",
         "sandbox.small_files",
         "sandbox.stdin_pipe",
+        "sandbox.threads",
         "sandbox.workspace",
         "sandbox.store",
     }
@@ -128,8 +129,9 @@ RULES: dict[str, Rule] = {
     "adapters": Rule(frozenset({"adapters"}), frozenset({"pydantic", "pydantic_core", "orjson"})),
     # The boundary knows nothing but itself.
     "sandbox/base.py": Rule(frozenset()),
-    # Small shared helpers of the backends (the lowest, small_files, imports none of ours).
-    "sandbox": Rule(frozenset({"sandbox.base", "sandbox.small_files"})),
+    # Small shared helpers of the backends (the lowest, small_files and threads, import none
+    # of ours).
+    "sandbox": Rule(frozenset({"sandbox.base", "sandbox.small_files", "sandbox.threads"})),
     # The daemon's ID names the host's queue (HARNESS_HOST_QUEUE otherwise).
     "sandbox/identity.py": Rule(frozenset({"sandbox.base"}), frozenset({"docker", "requests"})),
     # A backend: the boundary, the shared helpers and the store; never the other backend.
