@@ -4,8 +4,9 @@ from idle ones where there are.
 A local turn started three threads and a Docker turn two, and ``Thread.start`` waits until
 the new thread has run: on a busy worker that cost a local turn 1.35 ms at the median
 (docs/performance.md, row 1). A thread whose job has ended waits up to ``IDLE_S`` for the
-next one, then ends. Daemon threads, as the ones started per job were: a harness still
-running at exit does not hold the worker's exit up.
+next one, then ends. Daemon threads, as the ones started per job were, which is why this is
+not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at exit, and a pump
+blocked on a harness still running would hold the worker's exit up.
 """
 
 from __future__ import annotations
