@@ -293,12 +293,16 @@ class Guard:
         them crosses a limit: :meth:`on_event` of each then says which and where.
 
         The same sums as :meth:`on_event` and :meth:`on_usage`, for a batch in one loop:
-        calling them per event was ~8% of a flood's cost (docs/performance.md, row 8). With
-        neither ``max_tokens`` nor ``max_cost_usd``, no event can cross anything."""
+        calling them per event was ~8% of a flood's cost (docs/performance.md, row 8). The
+        limits are compared only where the sums can peak: between two usage events the
+        estimate only grows and the tokens reported stay, so the largest estimate of such a
+        stretch is its last, seen at the usage event that ends it or at the batch's end; the
+        cost moves only at a usage event. With neither ``max_tokens`` nor ``max_cost_usd``,
+        no event can cross anything."""
         tokens_limit, cost_limit = self._tokens, self._cost
         if self.over is not None or (tokens_limit is None and cost_limit is None):
             return True
-        base = self.before.tokens
+        room = math.inf if tokens_limit is None else tokens_limit - self.before.tokens
         cost_before = self.before.cost_usd or 0.0
         tokens = turn.input_tokens + turn.output_tokens
         cost = turn.cost_usd
@@ -308,18 +312,20 @@ class Guard:
             if kind == "assistant-text":
                 estimate += (len(event.text) + 3) // 4  # type: ignore[union-attr]
             elif kind == "usage":
+                if tokens + estimate > room:
+                    return False  # crossed by the last estimate before this report
                 estimate = 0
                 tokens += event.input_tokens + event.output_tokens  # type: ignore[union-attr]
+                if tokens > room:
+                    return False
                 if event.cost_usd is not None:  # type: ignore[union-attr]
                     cost = (cost or 0.0) + event.cost_usd  # type: ignore[union-attr]
+                    if cost_limit is not None and cost_before + cost > cost_limit:
+                        return False
             elif kind == "sandbox-activity" or kind == "permission-request":
                 estimate += (len(event.description) + 3) // 4  # type: ignore[union-attr]
-            else:
-                continue
-            if tokens_limit is not None and base + tokens + estimate > tokens_limit:
-                return False
-            if cost_limit is not None and cost is not None and cost_before + cost > cost_limit:
-                return False
+        if tokens + estimate > room:
+            return False
         self._estimate = estimate
         return True
 
