@@ -51,6 +51,7 @@ SHARED = (
     "worker_concurrency",
     "worker_hijack_root_logger",
     "broker_connection_retry_on_startup",
+    "broker_transport",
     "broker_transport_options",
     "timezone",
 )

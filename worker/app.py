@@ -57,6 +57,10 @@ def create_app(settings: Settings | None = None) -> Celery:
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
+        # This app's Redis broker connections (a producer's too) through worker.broker's
+        # transport, named here rather than by install()'s aliases, which only the worker
+        # process sets: a producer's own Celery apps keep kombu's.
+        broker_transport=broker.transport_for(settings.broker_url),
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout_s,
             # A worker killed while it held kombu's restore mutex would block the return of

@@ -15,7 +15,10 @@ error, which kombu and Celery expect and ignore (the message then stays in the b
 unacked index, and the visibility timeout sweep puts it back). The worker stays up.
 
 ``install()`` points kombu's ``redis`` and ``rediss`` aliases at this transport, so URLs,
-Celery's banner and everything else keep their usual form.
+Celery's banner and everything else keep their usual form; the worker process calls it.
+Every app of ours (a producer's included) also names the transport itself
+(``broker_transport``, :func:`transport_for`), so a producer's publishes share one Redis
+client too without a change to kombu's aliases in the producer's process.
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+def transport_for(broker_url: str) -> str | None:
+    """The transport an app names for this broker URL: ours for Redis, None (the URL's own)
+    for any other broker."""
+    scheme = broker_url.partition("://")[0].lower()
+    return TRANSPORT if scheme in ("redis", "rediss") else None
 
 
 def install() -> None:
