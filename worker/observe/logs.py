@@ -125,6 +125,16 @@ def _value(value: Any) -> str:
     return json.dumps(text) if not text or any(c in text for c in ' ="\n') else text
 
 
+def _record_less() -> None:
+    """No line names its caller's file, line, thread or process, so a record need not look
+    them up (the logging HOWTO's "Optimization"): a stack walk and three lookups less for
+    each of a turn's eight lines, ~4 us each here."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+
+
 def use_json(log_format: str, stream: TextIO) -> bool:
     if log_format == "json":
         return True
@@ -139,6 +149,7 @@ def configure(
 ) -> logging.Handler:
     """Send every record (ours and Celery's) to ``stream`` (stderr) in the chosen format."""
     stream = stream or sys.stderr
+    _record_less()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if use_json(log_format, stream) else TextFormatter())
     root = logging.getLogger()
