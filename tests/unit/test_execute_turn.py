@@ -511,6 +511,44 @@ def test_a_claim_whose_reply_was_lost_is_recognised_by_its_retry(world: World) -
     assert not TurnLife(world.deps, run_id, 1, "stdio-json").claim("delivery-2")  # a copy
 
 
+def test_the_claim_takes_the_turns_queued_entry_and_says_whether_a_cancel_is_marked(
+    world: World,
+) -> None:
+    from worker.store.queued import QueuedTurn
+    from worker.turn.life import TurnLife
+
+    run_id = world.run()
+    payload = TurnPayload(run_id=run_id, turn=1, input="hi").model_dump()
+    QueuedTurn.first(payload, "q", 100.0).write(world.client, world.keys, run_id, 1, 60)
+    first = TurnLife(world.deps, run_id, 1, "stdio-json")
+    assert first.claim("delivery-1")
+    assert first.claimed.queued is not None
+    assert QueuedTurn.model_validate_json(first.claimed.queued).first_sent_at == 100.0
+    assert not first.claimed.cancelled
+    assert not world.client.exists(world.keys.turn_queued(run_id, 1))  # no longer waiting
+    first.release()
+    # The same delivery again (its first claim's reply lost): claimed, the entry gone.
+    world.client.set(world.keys.cancel(run_id, 1), "1")
+    retry = TurnLife(world.deps, run_id, 1, "stdio-json")
+    assert retry.claim("delivery-1")
+    assert retry.claimed.queued is None
+    assert retry.claimed.cancelled
+    retry.release()
+
+
+def test_a_turn_cancelled_before_its_claim_is_refused_before_its_harness_starts(
+    world: World,
+) -> None:
+    run_id = world.run()
+    world.client.set(world.keys.cancel(run_id, 1), "1")
+    assert world.turn(run_id, "@complete ok") == "failed:cancelled"
+    events = world.events(run_id)
+    _assert_one_turn(events, 1)
+    assert _types(events) == ["turn-started", "session-error"]
+    assert events[-1][2]["error"] == "the turn was cancelled before it started"
+    assert not world.sessions(run_id)  # the harness never ran
+
+
 def test_patience_is_one_budget_for_the_whole_turn() -> None:
     from worker.store.terminal import Patience
 

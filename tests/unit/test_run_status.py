@@ -57,8 +57,10 @@ def _claim(client: fakeredis.FakeRedis, turn: int = 1, token: str = "w/d") -> bo
         KEYS.turn_owner(RUN, turn),
         KEYS.events(RUN),
         KEYS.run(RUN),
+        KEYS.turn_queued(RUN, turn),
+        KEYS.cancel(RUN, turn),
     )
-    return scripts(client).claim_turn(keys, turn, token, 60, 30)
+    return scripts(client).claim_turn(keys, turn, token, 60, 30) is not None
 
 
 @pytest.mark.parametrize("move", sorted(TRANSITIONS))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from redis.exceptions import NoScriptError
@@ -54,6 +55,22 @@ PRELUDE = (
 SOURCES: dict[str, str] = {
     path.stem: PRELUDE + path.read_text() for path in sorted(SCRIPTS_DIR.glob("*.lua"))
 }
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A turn this worker has just claimed (``claim_turn.lua``): its queued entry as the
+    claim took it (None when already gone: an earlier claim of this delivery whose reply was
+    lost took it), and whether a cancel of it was marked then."""
+
+    queued: str | None
+    cancelled: bool
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Scripts:
@@ -98,16 +115,20 @@ class Scripts:
 
     def claim_turn(
         self,
-        keys: tuple[str, str, str, str],
+        keys: tuple[str, str, str, str, str, str],
         turn: int,
         token: str,
         started_ttl_s: int,
         owner_ttl_s: int,
-    ) -> bool:
+    ) -> Claimed | None:
         """See ``claim_turn.lua``: ``keys`` the turn's started mark and owner heartbeat, the
-        run's stream and record."""
+        run's stream and record, the turn's queued entry and cancel mark. None when refused."""
         args: list[Value] = [token, started_ttl_s, owner_ttl_s, str(turn)]
-        return bool(self._call("claim_turn", list(keys), args))
+        reply = self._call("claim_turn", list(keys), args)
+        if not isinstance(reply, list):
+            return None
+        _, entry, cancelled = reply
+        return Claimed(_text(entry), bool(cancelled))
 
     def renew_hold(
         self, keys: tuple[str, str, str], turn: int, token: str, owner_ttl_s: int

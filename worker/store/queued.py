@@ -2,8 +2,9 @@
 kept in Redis (``Keys.turn_queued``) so that the reaper can send it again should the broker
 lose it, and so that a producer can be told how long it has waited.
 
-:class:`QueuedTurn` is the entry, typed; :func:`read`, :meth:`QueuedTurn.write` and
-:func:`take` (the worker that takes the turn) are the only code that reads or writes it.
+:class:`QueuedTurn` is the entry, typed; :func:`read` and :meth:`QueuedTurn.write` read and
+write it, and the worker that takes the turn takes it with its claim (``claim_turn.lua``,
+read back by :func:`entry_of`).
 """
 
 from __future__ import annotations
@@ -55,11 +56,7 @@ def read(client: SyncRedis, keys: Keys, run_id: str, turn: int) -> QueuedTurn | 
     return QueuedTurn.model_validate_json(text)
 
 
-def take(client: SyncRedis, keys: Keys, run_id: str, turn: int) -> QueuedTurn | None:
-    """Remove the turn's entry as a worker takes the turn; the entry it was (None if gone)."""
-    key = keys.turn_queued(run_id, turn)
-    pipe = client.pipeline()
-    pipe.execute_command("GET", key)
-    pipe.delete(key)
-    text, _ = pipe.execute()
+def entry_of(text: str | None) -> QueuedTurn | None:
+    """The entry a worker's claim of the turn took (``claim_turn.lua`` removes it as it sets
+    the started mark), or None when it was gone."""
     return QueuedTurn.model_validate_json(text) if text else None

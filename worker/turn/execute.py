@@ -116,7 +116,7 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
         # Claimed: from here on every path ends the turn and releases it (a Redis error too).
         if record.status == "parked":
             life.patience.call(lambda: parking.resumed(deps, run_id, turn))
-        entry = life.patience.call(lambda: queued.take(deps.redis, deps.keys, run_id, turn))
+        entry = queued.entry_of(life.claimed.queued)
         if entry is not None:
             tracing.past_span("queue wait", entry.first_sent_at, time.time())
             metrics.queue_waited(options.harness, time.time() - entry.first_sent_at)
@@ -191,6 +191,10 @@ class _TurnRun:
         self.work_began = 0.0
         self.schema = payload.output_schema or options.output_schema
         self.attachments: tuple[Attachment, ...] = ()
+        self.rewinds_pending = True
+        """Whether rewinds may wait to be told after ``turn-started``: known once the turn
+        has waited for any rewind under way (:meth:`prepare`); until then, they are looked
+        for."""
 
     def _publisher(self, masker: Masker) -> RedisStreamPublisher:
         deps = self.deps
@@ -208,9 +212,10 @@ class _TurnRun:
         after the rewinds done since the last turn."""
         deps = self.deps
         self.life.publisher = self.out.publisher
-        self.out.send(
-            self.wait(lambda: workspace_steps.take_rewinds(deps.redis, deps.keys, self.run_id))
-        )
+        if self.rewinds_pending:
+            self.out.send(
+                self.wait(lambda: workspace_steps.take_rewinds(deps.redis, deps.keys, self.run_id))
+            )
 
     def refuse(self, error: SessionError, *, run_status: RunStatus = "idle") -> str:
         tracing.record_turn(
@@ -252,7 +257,8 @@ class _TurnRun:
 
     def admit(self, record: RunRecord) -> str | tuple[Resolved, dict[str, str]]:
         deps, settings, run_id = self.deps, self.deps.settings, self.run_id
-        if self.wait(lambda: deps.redis.exists(deps.keys.cancel(run_id, self.turn))):
+        # A cancel marked by the time of the claim; one marked later is the read loop's.
+        if self.life.claimed.cancelled:
             return self.refuse(
                 session_error("the turn was cancelled before it started", "cancelled")
             )
@@ -292,7 +298,9 @@ class _TurnRun:
             # next turn must come to this host (and find it), not start a second one elsewhere.
             self.wait(lambda: deps.store.update(run_id, queue=host_queue))
         work = workspace_steps.run_workspace(sandbox, run_id, self.options, deps.settings)
-        self.wait(lambda: workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id))
+        self.rewinds_pending = self.wait(
+            lambda: workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
+        )
         seeded = None
         if self.turn == 1:
             try:

@@ -202,6 +202,8 @@ class TurnLife:
         self._owner_key = deps.keys.turn_owner(run_id, turn)
         self._token = ""
         self.ended = False
+        self.claimed = lua.Claimed(queued=None, cancelled=False)
+        """What the claim found (:meth:`claim`): the queued entry it took, a cancel marked."""
 
     # -- claim and heartbeat ---------------------------------------------------------------
 
@@ -214,7 +216,7 @@ class TurnLife:
             if self._slot in _in_flight:
                 return False
             _in_flight.add(self._slot)
-        claimed = False
+        claimed = None
         token = f"{deps.worker_id}/{delivery or uuid.uuid4().hex}"
         try:
             claimed = lua.scripts(deps.redis).claim_turn(
@@ -223,6 +225,8 @@ class TurnLife:
                     self._owner_key,
                     deps.keys.events(ref.run_id),
                     deps.keys.run(ref.run_id),
+                    deps.keys.turn_queued(ref.run_id, ref.turn),
+                    deps.keys.cancel(ref.run_id, ref.turn),
                 ),
                 ref.turn,
                 token,
@@ -230,10 +234,11 @@ class TurnLife:
                 deps.settings.heartbeat_ttl_s,
             )
         finally:
-            if not claimed:
+            if claimed is None:
                 with _in_flight_lock:
                     _in_flight.discard(self._slot)
-        if claimed:
+        if claimed is not None:
+            self.claimed = claimed
             self._token = token
             HEARTBEATS.hold(
                 self._slot,
@@ -243,7 +248,7 @@ class TurnLife:
                 deps.settings.heartbeat_ttl_s,
                 renew=self._renew,
             )
-        return claimed
+        return claimed is not None
 
     def _renew(self) -> bool:
         """Take the hold again if the turn is still ours and has not ended (it lapsed)."""

@@ -235,10 +235,22 @@ def binary_client_for(redis_url: str) -> BinaryRedis:
     return binary_client(redis_url)
 
 
-def wait_for_rewind(redis: SyncRedis, keys: Keys, run_id: str) -> None:
-    """Hold a turn while a rewind rewrites its workspace (bounded: the lock expires)."""
+def wait_for_rewind(redis: SyncRedis, keys: Keys, run_id: str) -> bool:
+    """Hold a turn while a rewind rewrites its workspace (bounded: the lock expires). Whether
+    rewinds wait to be told in this turn's stream (:func:`take_rewinds`): once the lock is
+    gone their list is whole, since a rewind refuses a run with a turn in flight; True when
+    the wait ran out with the lock still held (the list may still grow)."""
     deadline = time.monotonic() + LOCK_WAIT_S
-    while redis.exists(keys.workspace_lock(run_id)) and time.monotonic() < deadline:
+    lock, rewinds = keys.workspace_lock(run_id), keys.rewinds(run_id)
+    while True:
+        pipe = redis.pipeline(transaction=False)
+        pipe.exists(lock)
+        pipe.exists(rewinds)
+        locked, pending = pipe.execute()
+        if not locked:
+            return bool(pending)
+        if time.monotonic() >= deadline:
+            return True
         time.sleep(0.1)
 
 
