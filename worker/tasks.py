@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -166,6 +167,10 @@ def _announce(sender: Any = None, **_: object) -> None:
     _stop_turns_before_cold_shutdown()
     # Its first pass runs now: it reaps what crashed here before and warms the pools.
     _stops.append(lifecycle.start_reaper(deps))
+    # What the worker's start made (Celery, the models, our modules: over 100,000 objects) is
+    # never garbage, yet every full collection walked it, and a flood's allocations set one
+    # off often: out of the collector's sight now (docs/performance.md, row 2).
+    gc.freeze()
 
 
 def _stop_turns_before_cold_shutdown() -> None:
