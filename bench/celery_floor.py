@@ -4,8 +4,9 @@
 the stream it is given (an empty turn); ``bench.floor-harness`` runs a bare harness first (a
 subprocess, or an exec in a running container through the SDK, as row 4's baseline does)
 and then XADDs (a turn with none of our code: Celery's dispatch plus the harness). The app
-takes every transport setting from ``worker.app.create_app`` (broker, serializer, late acks,
-prefetch, pool, concurrency, task events), so the floor moves when ours does; it loads none
+takes every transport setting from ``worker.app.create_producer_app`` (broker and its
+transport, serializer, late acks, prefetch, pool, concurrency, task events), so the floor
+moves when ours does; it loads none
 of our tasks or worker hooks.
 :func:`round_trip` times ``send_task`` -> that entry seen by ``XREAD BLOCK``, the way row 1
 times a turn.
@@ -59,9 +60,9 @@ SHARED = (
 
 
 def make_app(settings: Settings) -> Celery:
-    from worker.app import create_app
+    from worker.app import create_producer_app
 
-    ours = create_app(settings)
+    ours = create_producer_app(settings)
     app = Celery("bench-floor", broker=settings.broker_url)
     app.conf.update({name: ours.conf[name] for name in SHARED})
     queue = settings.key_prefix + QUEUE_SUFFIX

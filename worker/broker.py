@@ -16,9 +16,9 @@ unacked index, and the visibility timeout sweep puts it back). The worker stays 
 
 ``install()`` points kombu's ``redis`` and ``rediss`` aliases at this transport, so URLs,
 Celery's banner and everything else keep their usual form; the worker process calls it.
-Every app of ours (a producer's included) also names the transport itself
-(``broker_transport``, :func:`transport_for`), so a producer's publishes share one Redis
-client too without a change to kombu's aliases in the producer's process.
+A producer's app names the transport itself instead (``worker.app.create_producer_app``,
+:func:`transport_for`), so its publishes share one Redis client too without a change to
+kombu's aliases in the producer's process.
 """
 
 from __future__ import annotations

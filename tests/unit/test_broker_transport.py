@@ -1,6 +1,6 @@
-"""Which kombu transport an app of ours uses (worker/broker.py): ours for a Redis broker, the
-URL's own for any other, named by the app itself so a producer's process keeps kombu's
-aliases for its own Celery apps."""
+"""Which kombu transport a producer's app uses (worker/broker.py): ours for a Redis broker,
+the URL's own for any other, named by the app itself so a producer's process keeps kombu's
+aliases for its own Celery apps; the worker's app names none (its banner shows the URL)."""
 
 from __future__ import annotations
 
@@ -34,16 +34,19 @@ def test_a_producers_app_publishes_through_one_redis_client_and_leaves_the_alias
         "import kombu.transport\n"
         "before = dict(kombu.transport.TRANSPORT_ALIASES)\n"
         "from config import load_settings\n"
-        "from worker.app import create_app\n"
-        "app = create_app(load_settings(broker_url='redis://127.0.0.1:1/0'))\n"
+        "from worker.app import create_app, create_producer_app\n"
+        "app = create_producer_app(load_settings(broker_url='redis://127.0.0.1:1/0'))\n"
         "conn = app.connection_for_write()\n"
         "print(type(conn.transport).__module__, before == kombu.transport.TRANSPORT_ALIASES)\n"
-        "other = create_app(load_settings(broker_url='amqp://guest:guest@127.0.0.1:1//'))\n"
+        "other = create_producer_app(load_settings(broker_url='amqp://guest:guest@127.0.0.1:1//'))\n"
         "print(type(other.connection_for_write().transport).__module__)\n"
+        "worker = create_app(load_settings(broker_url='rediss://:pw@127.0.0.1:1/0'))\n"
+        "print(worker.connection_for_write().as_uri())\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
     )
-    ours, other = done.stdout.splitlines()
+    ours, other, banner = done.stdout.splitlines()
     assert ours == "worker.broker True"
     assert other.startswith("kombu.transport.")
+    assert banner == "rediss://:**@127.0.0.1:1/0"

@@ -26,7 +26,7 @@ from kombu.exceptions import OperationalError
 
 from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings, SettingsError, load_settings
-from worker.app import create_app, turn_sender
+from worker.app import create_producer_app, turn_sender
 from worker.app_names import TASK_END_RUN, harness_queue
 from worker.client.workspace import Loaded, WorkspaceRequests, load_attachments
 from worker.errors import (
@@ -238,7 +238,7 @@ class HarnessClient:
     @property
     def app(self) -> Celery:
         if self._app is None:
-            self._app = create_app(self.settings)
+            self._app = create_producer_app(self.settings)
         return self._app
 
     @functools.cached_property
