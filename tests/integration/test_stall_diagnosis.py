@@ -96,7 +96,9 @@ def test_an_image_without_ps_is_a_sandbox_error_not_an_empty_table(
     dockerfile = f"FROM {docker_fixtures.IMAGES['gateway']}\nENTRYPOINT []\nUSER 1000:1000\n"
     client = docker.from_env()
     try:
-        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none")
+        client.images.build(
+            fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True
+        )
     finally:
         client.close()
     _, spec = docker_run(image=tag)
