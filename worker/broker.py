@@ -30,6 +30,8 @@ import redis
 from kombu.transport import redis as kombu_redis
 
 TRANSPORT = f"{__name__}:Transport"
+SCHEMES = ("redis", "rediss")
+"""The broker URL schemes this transport serves."""
 
 
 class Channel(kombu_redis.Channel):
@@ -67,10 +69,10 @@ def transport_for(broker_url: str) -> str | None:
     """The transport an app names for this broker URL: ours for Redis, None (the URL's own)
     for any other broker."""
     scheme = broker_url.partition("://")[0].lower()
-    return TRANSPORT if scheme in ("redis", "rediss") else None
+    return TRANSPORT if scheme in SCHEMES else None
 
 
 def install() -> None:
     """Make ``redis://`` and ``rediss://`` broker URLs use this transport (idempotent)."""
-    for scheme in ("redis", "rediss"):
+    for scheme in SCHEMES:
         kombu.transport.TRANSPORT_ALIASES[scheme] = TRANSPORT
