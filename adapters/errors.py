@@ -1,4 +1,4 @@
-"""Classify a harness's API error into a ``session-error`` reason (CONTRACT.md, "Events").
+"""Classify a harness's API error into a ``session-error`` reason (docs/events.md, "Events").
 
 Shared by every vendor adapter: each one finds the error in its own stream (an HTTP status
 field, an error line, a stderr tail) and hands the status and text here. Pure functions.

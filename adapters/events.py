@@ -1,4 +1,4 @@
-"""The closed event set published to a run's stream (CONTRACT.md, "Events").
+"""The closed event set published to a run's stream (docs/events.md, "Events").
 
 Each event is a frozen pydantic model whose ``type`` field is the wire type; everything
 else is the event's ``data``. ``events.schema.json`` beside this file is generated from
@@ -41,7 +41,7 @@ ErrorReason = Literal[
     "invalid-output",
 ]
 
-#: Default ``retryable`` per reason, as CONTRACT.md's table states it.
+#: Default ``retryable`` per reason, as docs/events.md's reason table states it.
 RETRYABLE_BY_DEFAULT: dict[str, bool] = {
     "rate-limited": True,
     "quota": False,

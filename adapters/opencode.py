@@ -143,7 +143,7 @@ class Setup:
 def setup(request: TurnRequest) -> Setup:
     config_dir = f"{request.home}/.config/opencode"
     # Project config is disabled (a workspace opencode.json would override these
-    # permissions, REAL-CLIS.md #8); that also drops the workspace AGENTS.md, named here.
+    # permissions, tests/fakemodel/clis.py); that also drops the workspace AGENTS.md, named here.
     instructions = [f"{request.workspace}/AGENTS.md"]
     files: dict[str, str] = {}
     if request.system_prompt:

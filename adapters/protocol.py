@@ -131,7 +131,7 @@ class McpServer:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an adapter really implements (CONTRACT.md, "Capabilities")."""
+    """What an adapter really implements (docs/adapters.md, "Capabilities")."""
 
     session_resume: bool
     system_prompt: bool

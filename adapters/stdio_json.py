@@ -1,4 +1,5 @@
-"""stdio-json: the generic newline-JSON protocol for custom harnesses (CONTRACT.md).
+"""stdio-json: the generic newline-JSON protocol for custom harnesses (docs/events.md,
+"Writing a harness: the `stdio-json` protocol").
 
 The input goes on stdin, then stdin is closed. ``HARNESS_TURN`` and, when a session should
 be continued, ``HARNESS_RESUME_SESSION`` are set in the environment. When the run attached

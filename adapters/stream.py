@@ -149,7 +149,7 @@ class StreamDriver:
 
     def __post_init__(self) -> None:
         self.state: AdapterState = self.adapter.new_state(self.request)
-        # CONTRACT.md: ``model`` is the model the harness reports it used. An adapter whose
+        # docs/events.md: ``model`` is the model the harness reports it used. An adapter whose
         # harness only echoes the model it was asked for (capability model_reporting false)
         # names none, whatever its mapper found.
         self._drop_model = not self.adapter.CAPABILITIES.model_reporting

@@ -159,7 +159,7 @@ class Settings(BaseSettings):
     workspace_reply_timeout_s: float = Field(120.0, gt=0)
     """How long diff, export and rewind wait for the run's host to answer."""
 
-    # Spend and limits (issue 18): run budgets, parking on rate limits and quotas, key slots
+    # Spend and limits (docs/events.md): run budgets, parking on rate limits and quotas, key slots
     max_run_cost_usd: float = Field(0.0, ge=0)
     """The largest budget in USD a run may have (0: no ceiling)."""
     max_run_tokens: int = Field(0, ge=0)

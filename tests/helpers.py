@@ -1,6 +1,6 @@
 """Checks and waits the whole suite shares, written once.
 
-- :func:`assert_one_terminal`: the stream rule of one turn (CONTRACT.md, "Events").
+- :func:`assert_one_terminal`: the stream rule of one turn (docs/events.md, "Events").
 - :func:`wait_for`: poll a condition until it holds or a deadline passes (never a bare
   sleep standing in for "by now it has happened").
 """

@@ -63,7 +63,7 @@ DEFAULT_SECRETS: dict[str, dict[str, str]] = {
     "stdio-json": {},
 }
 
-#: Base URLs as CONTRACT.md writes them: no version path for Anthropic and Gemini, ``/v1`` for
+#: Base URLs as docs/events.md's `--base-url` writes them: no version path for Anthropic and Gemini, ``/v1`` for
 #: the OpenAI-style APIs.
 VERSION_PATH: dict[str, str] = {
     "claude-code": "",

@@ -1,4 +1,4 @@
-"""The fake model server against the five real CLIs (raw argv from REAL-CLIS.md), and the
+"""The fake model server against the five real CLIs (raw argv from tests/fakemodel/clis.py), and the
 ``run_live_turn`` machinery against the stdio-json adapter with tiny scripts."""
 
 from __future__ import annotations

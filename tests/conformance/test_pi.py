@@ -35,7 +35,7 @@ def test_the_model_pi_names_is_the_one_requested_so_none_is_reported(
 ) -> None:
     # pi 0.73.1 names the model it addressed in every assistant message and ignores the
     # model field of the API's reply: an echo of our request, which is why its
-    # model_reporting is false and the turn reports no model (CONTRACT.md: null).
+    # model_reporting is false and the turn reports no model (docs/events.md: null).
     turn = run_live_turn(HARNESS, ask("[answer-model:other-model-9] hi"))
     assert {r.answered_model for r in turn.model_requests()} == {"other-model-9"}
     assert turn.state.model == MODEL

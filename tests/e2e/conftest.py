@@ -44,7 +44,7 @@ from tests.integration.conftest import Env, WorkerProcess, make_env, start_worke
 from tests.integration.docker_fixtures import ensure_images, require_docker
 from worker.client import HarnessClient
 
-CONTRACT_TYPES = frozenset(EVENT_TYPES)  # held to CONTRACT.md by tests/unit/test_events.py
+CONTRACT_TYPES = frozenset(EVENT_TYPES)  # held to docs/events.md by tests/unit/test_events.py
 TERMINALS = TERMINAL_TYPES
 CLI_TIMEOUT_S = 240.0
 """Longest a single ``harness`` command may take: opencode and pi retry a 5xx for ~70 s."""
@@ -60,7 +60,7 @@ class Harness:
     key: str
     """The API-key variable granted to the turn (the worker holds a fake value)."""
     version_path: str
-    """What CONTRACT.md appends to the server's URL: ``/v1`` for OpenAI-style APIs."""
+    """What the `--base-url` convention appends to the server's URL: ``/v1`` for OpenAI-style APIs."""
     reported_model: str | None
     """The model the CLI names in its stream (None: it names none)."""
     extra_grants: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 """How to point each real harness CLI at the fake model server without our adapters.
 
-These are the raw invocations REAL-CLIS.md documents (argv, environment, config files in a
+These are the raw invocations verified against the real CLIs (argv, environment, config files in a
 throwaway HOME). The smoke test and ``scripts/record-fixtures`` use them to run a CLI before
 its adapter exists; the adapters build their own commands.
 """

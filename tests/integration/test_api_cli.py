@@ -1,5 +1,5 @@
-"""The command line of issue 25: ``harness tenant``, ``run --label`` with ``harness list``, and
-``harness api`` (the Procfile's line) serving the API."""
+"""Tenants and labels on the command line: ``harness tenant``, ``run --label`` with
+``harness list``, and ``harness api`` (the Procfile's line) serving the API."""
 
 from __future__ import annotations
 

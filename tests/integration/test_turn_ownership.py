@@ -1,5 +1,5 @@
 """A turn's owner holds it for the whole claim, and a turn ends once, whoever races to end it
-(issue 23, points 1 and 2): real Redis, a real worker process, the local sandbox."""
+(a turn held by one worker at a time): real Redis, a real worker process, the local sandbox."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every archive attack of issue 15, tar and zip, each refused with nothing written outside
+"""Every archive attack, tar and zip, each refused with nothing written outside
 the workspace and nothing left inside it."""
 
 from __future__ import annotations

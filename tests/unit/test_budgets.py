@@ -1,4 +1,4 @@
-"""Budgets, parking and the stdio-json error reasons (issue 18), without Celery: execute_turn
+"""Budgets, parking and the stdio-json error reasons, without Celery: execute_turn
 on fakeredis, the local sandbox and the demo harness; the decisions as pure functions."""
 
 from __future__ import annotations

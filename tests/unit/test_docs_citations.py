@@ -68,3 +68,45 @@ def test_a_citation_of_a_missing_file_is_caught() -> None:
     assert names == ["DESIGN.md", "worker/app.py", "worker/gone.py", "events.md"]
     missing = [name for name in names if not found(name, page, files)]
     assert missing == ["DESIGN.md", "worker/gone.py"]
+
+
+VENDOR_FILES = {"AGENTS.md", "CLAUDE.md", "GEMINI.md"}
+"""Files the CLIs read in a workspace: named in code, never cited."""
+SOURCES = ("adapters", "sandbox", "worker", "config", "harnesses", "bench", "scripts", "tests")
+
+
+def source_files(files: list[str]) -> list[str]:
+    """Our code, scripts and test data: what a reader of the code follows a citation from."""
+    return [
+        path
+        for path in files
+        if path.split("/")[0] in SOURCES
+        and (path.endswith((".py", ".json", ".lua", ".sh", ".toml")) or path.startswith("scripts/"))
+    ]
+
+
+def test_code_cites_only_documents_the_repository_holds() -> None:
+    files = tracked()
+    missing = {}
+    for path in source_files(files):
+        if path in ("tests/unit/test_docs_citations.py", "tests/unit/test_docs.py"):
+            continue  # their own examples and checks name missing documents on purpose
+        text = (ROOT / path).read_text(errors="replace")
+        cited = [
+            name for name in CITED.findall(re.sub(r"https?://\S+", "", text))
+            if name.endswith(".md") and not PLACEHOLDER.search(name) and name not in VENDOR_FILES
+        ]  # fmt: skip
+        gone = sorted({name for name in cited if not found(name, ROOT / path, files)})
+        if gone:
+            missing[path] = gone
+    assert missing == {}, "code cites documents the repository does not have"
+
+
+def test_code_names_no_path_outside_the_repository() -> None:
+    files = tracked()
+    outside = [
+        path
+        for path in source_files(files)
+        if "/work/" + "shared" in (ROOT / path).read_text(errors="replace")
+    ]
+    assert outside == []

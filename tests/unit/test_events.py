@@ -31,7 +31,7 @@ from adapters.events import (
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "adapters" / "events.schema.json"
 
-# CONTRACT.md, "Events": every type and the JSON type(s) of each data field, written out
+# docs/events.md, "Events": every type and the JSON type(s) of each data field, written out
 # here independently of the models so that a drift on either side fails.
 STRING = {"string"}
 OPT_STRING = {"string", "null"}
@@ -43,7 +43,7 @@ BOOL = {"boolean"}
 ARRAY = {"array"}
 
 CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
-    "turn-started": {  # trace_id: traces (CONTRACT.md, "Next additions")
+    "turn-started": {  # trace_id: traces (docs/events.md)
         "harness": STRING,
         "attempt": INT,
         "input_chars": INT,
@@ -51,14 +51,14 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
     },
     "session": {"session_id": STRING, "resumed": BOOL, "model": OPT_STRING},
     "assistant-text": {"text": STRING},
-    "sandbox-activity": {  # host, port, denied: kind network (CONTRACT.md, "Next additions")
+    "sandbox-activity": {  # host, port, denied: kind network (docs/events.md)
         "kind": STRING,
         "description": STRING,
         "host": OPT_STRING,
         "port": OPT_INT,
         "denied": {"boolean", "null"},
     },
-    "permission-request": {  # tool .. deadline: --posture ask (CONTRACT.md, "Next additions")
+    "permission-request": {  # tool .. deadline: --posture ask (docs/events.md)
         "request_id": STRING,
         "description": STRING,
         "command": OPT_STRING,
@@ -74,7 +74,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "by": STRING,
         "message": OPT_STRING,
     },
-    "tool-call": {  # CONTRACT.md, "Next additions" (tools for the agent)
+    "tool-call": {  # docs/events.md (tools for the agent)
         "call_id": STRING,
         "server": STRING,
         "tool": STRING,
@@ -88,7 +88,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "output_chars": INT,
         "duration_ms": INT,
     },
-    "workspace": {  # CONTRACT.md, "Next additions", and docs/events.md
+    "workspace": {  # docs/events.md, and docs/events.md
         "snapshot": STRING,
         "added": ARRAY,
         "modified": ARRAY,
@@ -111,7 +111,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "cost_usd": OPT_NUMBER,
         "source": STRING,
     },
-    "parked": {"resume_at": NUMBER, "reason": STRING, "next_turn": INT},  # issue 18
+    "parked": {"resume_at": NUMBER, "reason": STRING, "next_turn": INT},
     "turn-complete": {
         "text": STRING,
         "session_id": OPT_STRING,
@@ -120,7 +120,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "output_tokens": INT,
         "cost_usd": OPT_NUMBER,
         "exit_code": OPT_INT,
-        # CONTRACT.md, "Next additions": the validated answer (any JSON value) with a schema
+        # docs/events.md: the validated answer (any JSON value) with a schema
         "structured": {"object", "array", "string", "integer", "number", "boolean", "null"},
     },
     "session-error": {
@@ -150,13 +150,13 @@ CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
         "worker-lost",
         "sandbox",
         "invalid-input",
-        "internal",  # CONTRACT.md, "Next additions"
-        "budget",  # CONTRACT.md, "Next additions"
-        "invalid-output",  # CONTRACT.md, "Next additions"
+        "internal",  # docs/events.md
+        "budget",  # docs/events.md
+        "invalid-output",  # docs/events.md
     },
 }
 
-# CONTRACT.md, the reason table's "retryable" column, when nothing more is known.
+# docs/events.md, the reason table's "retryable" column, when nothing more is known.
 CONTRACT_RETRYABLE = {
     "rate-limited": True,
     "quota": False,  # "yes when the reset time is known, else no"
@@ -170,8 +170,8 @@ CONTRACT_RETRYABLE = {
     "sandbox": True,
     "invalid-input": False,
     "internal": True,
-    "budget": False,  # CONTRACT.md, "Next additions": a run budget is spent
-    "invalid-output": False,  # CONTRACT.md, "Next additions": the same answer again
+    "budget": False,  # docs/events.md: a run budget is spent
+    "invalid-output": False,  # docs/events.md: the same answer again
 }
 
 SAMPLES = [
@@ -258,7 +258,7 @@ def test_event_fields_match_contract_with_right_types(event_type: str) -> None:
     definition = _variants(schema)[event_type]
     props = {k: v for k, v in definition["properties"].items() if k != "type"}
     expected = CONTRACT_EVENTS[event_type]
-    assert set(props) == set(expected), f"{event_type} data fields differ from CONTRACT.md"
+    assert set(props) == set(expected), f"{event_type} data fields differ from docs/events.md"
     for name, types in expected.items():
         got = _json_types(props[name], schema.get("$defs", {}))
         assert got == types, f"{event_type}.{name}: schema says {got}, contract says {types}"

@@ -1,6 +1,6 @@
 """The layout is the architecture: what each package of ``adapters`` and ``sandbox`` may
-import (STYLE.md), that every module there says what it is, that the sandbox's errors and
-labels each have one home."""
+import, that every module there says what it is, that the sandbox's errors and labels each
+have one home."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_packages_have_modules_to_check() -> None:
 @pytest.mark.parametrize("path", ADAPTER_FILES, ids=_rel)
 def test_adapters_import_no_infrastructure_nor_sandbox(path: Path) -> None:
     bad = _top_levels(_imports(path)) & FORBIDDEN_ADAPTERS
-    assert not bad, f"{_rel(path)} imports {sorted(bad)}: adapters stay pure (STYLE.md)"
+    assert not bad, f"{_rel(path)} imports {sorted(bad)}: adapters stay pure"
 
 
 @pytest.mark.parametrize("path", SANDBOX_FILES, ids=_rel)

@@ -1,4 +1,4 @@
-"""The stdio-json adapter against CONTRACT.md's protocol table, and the demo harness end to end."""
+"""The stdio-json adapter against docs/events.md's protocol table, and the demo harness end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""StreamDriver: the stream rules of STYLE.md and CONTRACT.md, written once for every harness."""
+"""StreamDriver: the stream rules of docs/events.md ("Guarantees"), written once for every harness."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``/v1`` routes (CONTRACT.md, "Next additions": HTTP API). Each is one client call."""
+"""The ``/v1`` routes (docs/api.md). Each is one client call."""
 
 from __future__ import annotations
 

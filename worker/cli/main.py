@@ -1,4 +1,4 @@
-"""The ``harness`` command (CONTRACT.md, "Command line")."""
+"""The ``harness`` command (docs/events.md, "The command line: exit statuses"; `harness --help`)."""
 
 from __future__ import annotations
 

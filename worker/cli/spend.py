@@ -1,4 +1,4 @@
-"""The ``harness`` command's part of issue 18: budget and limit options of ``run``, and
+"""The ``harness`` command's part of spending: budget and limit options of ``run``, and
 ``harness budget RUN_ID [--max-...]`` (worker/spend/budgets.py, worker/spend/parking.py)."""
 
 from __future__ import annotations

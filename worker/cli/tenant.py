@@ -1,4 +1,4 @@
-"""The ``harness`` command's part of issue 25: ``--label`` on ``run``, ``harness list``,
+"""The ``harness`` command's part of tenants and labels: ``--label`` on ``run``, ``harness list``,
 ``harness tenant add|list|revoke|rotate`` and ``harness api`` (worker/api/)."""
 
 from __future__ import annotations

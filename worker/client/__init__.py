@@ -1,5 +1,5 @@
-"""The producer's side: :class:`HarnessClient` (CONTRACT.md, "Python API for producers") and
-the workspace requests it sends to a run's host."""
+"""The producer's side: :class:`HarnessClient` (README.md, "Using it"; docs/events.md,
+"Reading events") and the workspace requests it sends to a run's host."""
 
 from worker.client.harness import HarnessClient, StreamEvent, Waiting
 

@@ -1,4 +1,5 @@
-"""HarnessClient: the producer's Python API (CONTRACT.md, "Python API for producers").
+"""HarnessClient: the producer's Python API (README.md, "Using it"; docs/events.md,
+"Reading events").
 
 Every method raises the typed errors of :mod:`worker.errors`, never Redis' or Celery's; the
 iterators (:meth:`HarnessClient.events`, :meth:`HarnessClient.follow`) too, on every

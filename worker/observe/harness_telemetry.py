@@ -76,7 +76,7 @@ def _claude_code(url: str, prompts: bool) -> dict[str, str]:
 
 
 def _gemini(url: str, prompts: bool) -> dict[str, str]:
-    # Gemini CLI's telemetry settings as environment (its docs/cli/telemetry.md): target
+    # Gemini CLI's telemetry settings as environment (its documentation, "Telemetry"): target
     # "local" with an OTLP endpoint exports there; logPrompts defaults to true, so it is
     # always said.
     return {
@@ -90,7 +90,7 @@ def _gemini(url: str, prompts: bool) -> dict[str, str]:
 
 
 def _codex(url: str, prompts: bool) -> str:
-    # Codex reads its OpenTelemetry from config.toml only ([otel], codex docs/config.md):
+    # Codex reads its OpenTelemetry from config.toml only ([otel], its configuration reference):
     # events (logs) and spans over OTLP/HTTP protobuf ("binary").
     logs, traces = json.dumps(f"{url}/v1/logs"), json.dumps(f"{url}/v1/traces")
     return "\n".join(

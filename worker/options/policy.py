@@ -252,13 +252,13 @@ def egress_allowlist(settings: Settings, harness: str, base_url: str | None) -> 
 def capability_warnings(options: RunOptions) -> tuple[str, ...]:
     """Refuse what the harness cannot do at all; name what it cannot apply as asked.
 
-    Driven by the adapter's capabilities (CONTRACT.md, "Capabilities"), so that a flag that
+    Driven by the adapter's capabilities (docs/adapters.md, "Capabilities"), so that a flag that
     lies changes what producers are told: a session offered to a harness that cannot resume
     is refused (``session_resume``); permission rules a harness cannot enforce are accepted
-    with a warning (``permission_policy``, DESIGN.md principle 5: the run records it, and the
-    container stays the boundary); a model a harness cannot be told is a warning
+    with a warning (``permission_policy``, docs/adapters.md, "Capabilities": the run records
+    it, and the container stays the boundary); a model a harness cannot be told is a warning
     (``model_selection``). A system prompt without a channel is no warning: it rides in the
-    input (:func:`fit_request`, principle 6).
+    input (:func:`fit_request`).
     """
     harness = options.harness
     adapter = adapters.get(harness)
@@ -301,10 +301,10 @@ def capability_warnings(options: RunOptions) -> tuple[str, ...]:
 def fit_request(request: TurnRequest, caps: Capabilities) -> TurnRequest:
     """The turn request as the harness can take it: what it has no channel for is moved or
     dropped here, once, rather than in each adapter. A system prompt without a system-prompt
-    channel rides at the head of the input (DESIGN.md principle 6); a model it cannot be
-    told is not handed to its adapter (the run's warning says so). An output schema the
-    harness has no option for joins its system prompt; every attachment is named at the end
-    of the input (a harness with an image input gets its images there too)."""
+    channel rides at the head of the input (where the harness listens: docs/adapters.md); a
+    model it cannot be told is not handed to its adapter (the run's warning says so). An
+    output schema the harness has no option for joins its system prompt; every attachment is
+    named at the end of the input (a harness with an image input gets its images there too)."""
     changes: dict[str, object] = {}
     if request.output_schema is not None and caps.structured_output != "native":
         instruction = schema_instruction(request.output_schema)

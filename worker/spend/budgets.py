@@ -1,4 +1,4 @@
-"""Run budgets: what a run may spend, enforced before and during every turn (issue 18).
+"""Run budgets: what a run may spend, enforced before and during every turn.
 
 A run's budget has four limits, each optional: ``max_cost_usd``, ``max_tokens`` (input,
 replayed context included, plus output), ``max_turns`` (turns begun, a turn the worker sends

@@ -1,4 +1,4 @@
-"""Parking: a turn that meets a rate limit or a quota is sent again at the reset (issue 18).
+"""Parking: a turn that meets a rate limit or a quota is sent again at the reset.
 
 When a turn ends ``rate-limited``, or ``quota`` with a reset time, and its run parks on limits
 (``--on-limit park``, the default from ``HARNESS_ON_LIMIT``), the worker does what a patient

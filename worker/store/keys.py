@@ -1,4 +1,4 @@
-"""Every Redis key name, in one place (CONTRACT.md, "Redis layout")."""
+"""Every Redis key name, in one place (docs/events.md, "Where events are")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run records: the hash ``harness:run:{run_id}`` (CONTRACT.md, "Run record"), and beside it
+"""Run records: the hash ``harness:run:{run_id}`` (docs/events.md, "The run record"), and beside it
 the string ``harness:run:{run_id}:long`` for the fields of :data:`LONG_FIELDS`.
 
 :class:`RunRecord` is the record, typed; its codec is the only code that turns its fields into

@@ -1,4 +1,4 @@
-"""Capabilities drive the runtime (DESIGN.md principle 2, CONTRACT.md "Capabilities").
+"""Capabilities drive the runtime (docs/adapters.md, "Capabilities").
 
 Two kinds of test, so that a flag can neither lie nor stop mattering:
 
