@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,25 +77,43 @@ def upload(
 ) -> tuple[str, int]:
     """Push the file at ``path`` to ``key`` in chunks; returns its SHA-256 and size.
 
-    Refused with InvalidInput, before anything is pushed, when it is larger than ``max_bytes``.
+    Refused with InvalidInput when it is not a regular file (a folder, a device such as
+    ``/dev/zero``, a pipe) or larger than ``max_bytes``: before anything is pushed when its
+    size says so, and as soon as it grows past the limit while being read (nothing is left
+    pushed then).
     """
     try:
-        size = path.stat().st_size
+        # O_NONBLOCK: a pipe opens without waiting for a writer, and is then refused.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise InvalidInput(f"cannot read the archive {str(path)!r}: {exc.strerror}") from None
-    if size > max_bytes:
+    facts = os.fstat(fd)
+    if not stat.S_ISREG(facts.st_mode):
+        os.close(fd)
         raise InvalidInput(
-            f"the archive is {size} bytes, over the operator's limit of {max_bytes} "
-            "(HARNESS_ARCHIVE_MAX_BYTES)"
+            f"cannot read the archive {str(path)!r}: not a file (give a .tar, .tar.gz or .zip)"
         )
-    digest = hashlib.sha256()
-    client.delete(key)
-    with path.open("rb") as source:
+    with os.fdopen(fd, "rb") as source:
+        if facts.st_size > max_bytes:
+            raise _too_big(facts.st_size, max_bytes)
+        digest, size = hashlib.sha256(), 0
+        client.delete(key)
         while chunk := source.read(CHUNK_BYTES):
+            size += len(chunk)
+            if size > max_bytes:
+                client.delete(key)
+                raise _too_big(size, max_bytes)
             digest.update(chunk)
             client.rpush(key, chunk)
             client.expire(key, ttl_s)
     return digest.hexdigest(), size
+
+
+def _too_big(size: int, max_bytes: int) -> InvalidInput:
+    return InvalidInput(
+        f"the archive is {size} bytes or more, over the operator's limit of {max_bytes} "
+        "(HARNESS_ARCHIVE_MAX_BYTES)"
+    )
 
 
 def push_bytes(client: BinaryRedis, key: str, data: bytes, ttl_s: int) -> None:
