@@ -6,8 +6,10 @@ relative to a directory file descriptor opened with ``O_NOFOLLOW``, one componen
 a component that became a symlink fails to open (``ELOOP``/``ENOTDIR``) instead of being
 followed, files are created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` (never truncating whatever is
 there) and ownership is set on the descriptor (``fchown``) or without following
-(``follow_symlinks=False``). A failure raises :class:`UnsafePath` (an :class:`OSError`
-translated at this seam), never writes elsewhere.
+(``follow_symlinks=False``). A Unix socket is bound through ``/proc/self/fd`` of its
+directory's descriptor and given its mode through an ``O_PATH|O_NOFOLLOW`` descriptor of
+itself. A failure raises :class:`UnsafePath` (an :class:`OSError` translated at this seam),
+never writes elsewhere.
 
 Paths are relative, ``/``-separated strings (``os.fsdecode`` of bytes: names that are not
 UTF-8 round-trip through surrogate escapes).
@@ -16,9 +18,12 @@ UTF-8 round-trip through surrogate escapes).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
+import socket
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -199,10 +204,157 @@ def list_names(fd: int) -> list[str]:
         return [entry.name for entry in entries]
 
 
-@contextlib.contextmanager
-def opened_dir(parent: int, name: str) -> Iterator[int]:
-    fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+def open_dir(root: Path, reldir: str) -> int:
+    """The descriptor of the directory ``reldir`` under ``root``, opened one component at a
+    time: a component that is a link (or no directory) is refused, never followed."""
+    names = split(reldir)
+    fd = open_root(root)
     try:
-        yield fd
+        for name in names:
+            child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError as exc:
+        os.close(fd)
+        raise UnsafePath(f"cannot open directory {reldir!r} of {root}: {exc.strerror}") from exc
+    return fd
+
+
+OWN_DIRECTORY_TRIES = 3
+
+
+def own_directory(parent: int, name: str, mode: int) -> tuple[int, list[str]]:
+    """``name`` in ``parent`` as a directory of this process's own, open: its descriptor (the
+    caller closes it), and what was found at the name instead and put out of the way.
+
+    A directory of this process's user that no one else may write to is kept as it is: nothing
+    but this user can have changed what is in it. A missing one is made. Anything else is never
+    followed: a non-directory (a symlink, a file) is unlinked; a directory of someone else's is
+    renamed to ``NAME.moved-HEX`` beside it, with whatever is in it, none of which is read.
+    Every decision is taken on the descriptor opened (``fstat``), not on an earlier look at
+    the name; the mode is set on it too. :class:`UnsafePath` when the name keeps changing
+    under these steps (something is racing them) or cannot be made.
+    """
+    split(name)
+    displaced: list[str] = []
+    for _ in range(OWN_DIRECTORY_TRIES):
+        try:
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise UnsafePath(f"cannot make directory {name!r}: {exc.strerror}") from exc
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafePath(f"cannot open directory {name!r}: {exc.strerror}") from exc
+            displaced.extend(_unlink_non_directory(parent, name))
+            continue
+        found = os.fstat(fd)
+        if found.st_uid == os.geteuid() and not found.st_mode & 0o022:
+            try:
+                os.fchmod(fd, mode)
+            except OSError as exc:
+                os.close(fd)
+                raise UnsafePath(f"cannot set the mode of {name!r}: {exc.strerror}") from exc
+            return fd, displaced
+        os.close(fd)
+        aside = f"{name}.moved-{secrets.token_hex(4)}"
+        try:
+            os.rename(name, aside, src_dir_fd=parent, dst_dir_fd=parent)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise UnsafePath(f"cannot move {name!r} out of the way: {exc.strerror}") from exc
+        displaced.append(f"a directory of uid {found.st_uid}, moved to {aside}")
+    raise UnsafePath(f"{name!r} kept changing while it was made: something else is replacing it")
+
+
+def _unlink_non_directory(parent: int, name: str) -> list[str]:
+    """Unlink ``name`` unless it is (by now) a directory; what it was, if it was unlinked."""
+    try:
+        kind = stat.S_IFMT(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+        if kind == stat.S_IFDIR:
+            return []
+        os.unlink(name, dir_fd=parent)
+    except (FileNotFoundError, IsADirectoryError):
+        return []
+    except OSError as exc:
+        raise UnsafePath(f"cannot remove {name!r}: {exc.strerror}") from exc
+    return [KINDS.get(kind, "a special file")]
+
+
+KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFREG: "a file", stat.S_IFSOCK: "a socket"}
+
+
+def put_file(directory: int, name: str, data: bytes, mode: int) -> None:
+    """Write ``name`` anew in the directory open as ``directory`` (what was at the name is
+    unlinked, never followed): ``data``, with ``mode`` set on the descriptor."""
+    split(name)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=directory)
+        fd = os.open(name, CREATE_FLAGS, 0o600, dir_fd=directory)
+    except OSError as exc:
+        raise UnsafePath(f"cannot create {name!r}: {exc.strerror}") from exc
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        raise UnsafePath(f"cannot write {name!r}: {exc.strerror}") from exc
     finally:
         os.close(fd)
+
+
+def bind_socket(directory: int, name: str, mode: int) -> socket.socket:
+    """A Unix stream socket bound anew at ``name`` in the directory open as ``directory``
+    (what was at the name is unlinked, never followed), its file given ``mode``. Not yet
+    listening; the caller closes it, and unlinks the name (:func:`unlink`)."""
+    split(name)
+    with contextlib.suppress(FileNotFoundError):
+        unlink(directory, name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # Through the directory's descriptor: whatever the directory's path now is, and
+        # whatever its length (a socket address holds at most 107 bytes).
+        listener.bind(f"/proc/self/fd/{directory}/{name}")
+        _chmod_socket(directory, name, mode)
+    except (OSError, UnsafePath) as exc:
+        listener.close()
+        with contextlib.suppress(OSError, UnsafePath):
+            unlink(directory, name)
+        if isinstance(exc, UnsafePath):
+            raise
+        raise UnsafePath(f"cannot bind the socket {name!r}: {exc.strerror}") from exc
+    return listener
+
+
+def _chmod_socket(directory: int, name: str, mode: int) -> None:
+    """chmod follows a link and fchmod on a socket reaches no file: the name is opened as a
+    path only (``O_PATH|O_NOFOLLOW``, which opens a link itself), checked to be a socket on
+    that descriptor, and the mode set through the descriptor's ``/proc`` entry, which names
+    that very inode."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise UnsafePath(f"{name!r} is no longer the socket just bound: its mode is not set")
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
+
+
+def unlink(directory: int, name: str) -> None:
+    """Unlink ``name`` (never a directory) in the directory open as ``directory``; a link is
+    removed itself. ``FileNotFoundError`` when nothing is there."""
+    split(name)
+    try:
+        os.unlink(name, dir_fd=directory)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UnsafePath(f"cannot remove {name!r}: {exc.strerror}") from exc

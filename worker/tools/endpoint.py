@@ -4,7 +4,9 @@ One thread per worker process runs an asyncio loop that serves every open endpoi
 (:class:`EndpointLoop`). A turn opens its run's endpoint before the harness starts and closes
 it once the harness has stopped (:class:`RunEndpoint`); the socket lives in the run's HOME,
 which every backend shares with its sandbox (a bind mount for a container), so it is
-reachable under every network mode, ``none`` included. The harness reaches it through the
+reachable under every network mode, ``none`` included; it is bound and removed through a
+descriptor of its directory, never by a path the sandbox could turn into a link
+(:func:`sandbox.store.safe_fs.bind_socket`). The harness reaches it through the
 stdio bridge (:mod:`worker.tools.bridge`), which it launches as a stdio MCP server.
 
 A connection starts with one line of ours, ``{"token": ..., "server": NAME}``: the run's
@@ -43,6 +45,8 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from adapters.events import TOOL_TEXT_LIMIT, Event, SandboxActivity, ToolCall, ToolResult
+from sandbox.base import UnsafePath
+from sandbox.store import safe_fs
 from worker.observe import metrics, tracing
 from worker.observe.masking import Masker
 from worker.permissions.requests import shown_input
@@ -73,11 +77,16 @@ class RunTools:
     run_id: str
     turn: int
     socket_path: Path
-    """Where the socket is made, on the worker's host (inside the run's HOME)."""
+    """Where the socket is, on the worker's host (inside the run's HOME)."""
     servers: Mapping[str, Backend]
     verify: Callable[[str], bool]
     """Whether a token is the run's live credential (blocking: it asks Redis)."""
     masker: Masker
+    directory: int | None = None
+    """The socket's directory, open (the caller's, kept open while the endpoint is): the socket
+    is bound and removed through it, never through a path the sandbox could have turned into a
+    link. None: the endpoint opens ``socket_path``'s directory itself, a path of the worker's
+    (made if missing)."""
     limits: ToolLimits = ToolLimits()
     ask: Asker | None = None
     """Under ``--posture ask``, for a harness that does not ask for MCP calls itself: asked
@@ -140,6 +149,10 @@ class RunEndpoint:
         """The attached servers the harness connected to: one it never reached is reported
         (a server the CLI failed to load is never silent)."""
         self._trace = tracing.capture()  # made in the turn's span: its calls' parent
+        self._directory: int | None = None
+        """The socket's directory while the socket is there."""
+        self._own_directory: int | None = None
+        """That directory when the endpoint opened it itself (it closes it)."""
 
     @property
     def busy(self) -> bool:
@@ -147,13 +160,23 @@ class RunEndpoint:
         return bool(self._in_flight)
 
     def open(self) -> None:
-        path = self.tools.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        listener = _bind(path)
+        """Bind and serve the socket (:class:`~sandbox.base.UnsafePath` when it cannot be made
+        without following a link)."""
+        tools = self.tools
+        directory = tools.directory
+        if directory is None:
+            tools.socket_path.parent.mkdir(parents=True, exist_ok=True)
+            directory = self._own_directory = safe_fs.open_root(tools.socket_path.parent)
+        self._directory = directory
+        try:
+            listener = _bind(directory, tools.socket_path.name)
+        except BaseException:
+            self._remove_socket()
+            raise
         self._server = self.loop.call(
             asyncio.start_unix_server(self._serve, sock=listener, limit=LINE_LIMIT)
         )
-        log.info("tools.endpoint_opened", extra={"run_id": self.tools.run_id})
+        log.info("tools.endpoint_opened", extra={"run_id": tools.run_id})
 
     def close(self) -> None:
         """Stop listening, end every connection, and answer the harness's waiting calls with
@@ -166,8 +189,7 @@ class RunEndpoint:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 self.loop.call(self._shutdown())
-        with contextlib.suppress(FileNotFoundError):
-            self.tools.socket_path.unlink()
+        self._remove_socket()
         with self._lock:
             waiting, self._in_flight = dict(self._in_flight), {}
         for call_id, started in waiting.items():
@@ -181,6 +203,20 @@ class RunEndpoint:
                         "turn: it never reached the run's endpoint",
                     )
                 )
+
+    def _remove_socket(self) -> None:
+        directory, self._directory = self._directory, None
+        if directory is None:
+            return
+        try:
+            safe_fs.unlink(directory, self.tools.socket_path.name)
+        except FileNotFoundError:
+            pass
+        except UnsafePath as exc:
+            log.warning("tools.socket_left", extra={"run_id": self.tools.run_id, "error": str(exc)})
+        if directory == self._own_directory:
+            os.close(directory)
+            self._own_directory = None
 
     def put(self, event: Event) -> None:
         """Queue an event for the turn's stream (from any thread)."""
@@ -363,19 +399,10 @@ def _cut(reply: Reply, limit: int) -> Reply:
     return Reply(reply.ok, reply.output[:limit] + note)
 
 
-def _bind(path: Path) -> socket.socket:
-    """A listening Unix socket at ``path``, whatever its length (a socket address holds
-    at most 107 bytes: bound through ``/proc/self/fd`` of its directory), writable by the
-    sandbox's user (the token is what guards it)."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
-    try:
-        listener.bind(f"/proc/self/fd/{directory}/{path.name}")
-    finally:
-        os.close(directory)
-    os.chmod(path, 0o666)
+def _bind(directory: int, name: str) -> socket.socket:
+    """A listening Unix socket at ``name`` in ``directory``, writable by the sandbox's user
+    (the token is what guards it)."""
+    listener = safe_fs.bind_socket(directory, name, 0o666)
     listener.listen(64)
     listener.setblocking(False)
     return listener

@@ -1,25 +1,36 @@
 """What a turn asks of the tools: is the run's attachment allowed, and the turn's endpoint.
 
 A run that attached servers (``--tools``, ``--mcp``) gets, each turn, its endpoint served in
-its HOME's ``.harness`` directory (the socket and the bridge, written on the worker's host
-side of the run's workspace) and one :class:`~adapters.protocol.McpServer` per attached
+its HOME's ``.harness-endpoint`` directory (the socket and the bridge, written on the worker's
+host side of the run's workspace) and one :class:`~adapters.protocol.McpServer` per attached
 server for the adapter to configure: the bridge, run with the sandbox's ``python3``.
+
+The worker runs as root and the harness owns its HOME: it can turn any name there into a link
+to a host path, before a turn or while one runs. So the directory is reached and written only
+through descriptors that follow no link (:mod:`sandbox.store.safe_fs`): HOME is opened one
+component at a time, ``.harness-endpoint`` is the worker's own directory (root's, 0755: the
+harness can rename it, never change what is in it), and anything else found at that name is
+put out of the way unfollowed (:func:`~sandbox.store.safe_fs.own_directory`) rather than
+refused, so that a run whose harness broke it once is not refused its tools on every later
+turn. The descriptor stays open for the turn: the socket is bound and removed through it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import adapters
 from adapters.asks import Ask
-from adapters.events import Event
+from adapters.events import Event, SandboxActivity
 from adapters.protocol import McpServer
 from config import Settings
-from sandbox.base import Placement
+from sandbox.base import Placement, UnsafePath
+from sandbox.store import safe_fs
 from worker.deps import TurnDeps
 from worker.errors import InvalidInput
 from worker.observe.masking import Masker
@@ -42,6 +53,11 @@ worker's (adapters write their own files under ``.harness``, as the sandbox's us
 SOCKET = "mcp.sock"
 BRIDGE = "mcp-bridge.py"
 BRIDGE_SOURCE = Path(bridge.__file__).read_text()
+
+
+class EndpointRefused(Exception):
+    """The turn's endpoint cannot be made in the run's HOME without following a link of the
+    sandbox's (or at all): the turn is refused with this message, before its harness starts."""
 
 
 def check(options: RunOptions, settings: Settings) -> None:
@@ -87,9 +103,70 @@ def serve(
     if not options.tools and not options.mcp:
         yield None
         return
+    home = str(PurePosixPath(placement.home).relative_to(placement.workspace))
+    directory, displaced = _endpoint_directory(workspace, home)
+    try:
+        endpoint, servers = _open(
+            deps, run_id, turn, options, placement, workspace, masker, directory
+        )
+        for what in displaced:
+            log.warning("tools.endpoint_replaced", extra={"run_id": run_id, "found": what})
+            endpoint.put(
+                SandboxActivity(
+                    kind="tool",
+                    description=f"{home}/{DIRECTORY} was not the worker's ({what}): it was "
+                    "put out of the way without being followed",
+                )
+            )
+        try:
+            yield TurnTools(endpoint, servers)
+        finally:
+            endpoint.close()
+    finally:
+        os.close(directory)
+
+
+def _endpoint_directory(workspace: Path, home: str) -> tuple[int, list[str]]:
+    """The endpoint's directory in HOME, the worker's own, open and holding the bridge; what
+    was found at its name instead."""
+    try:
+        parent = safe_fs.open_dir(workspace, home)
+    except UnsafePath as exc:
+        raise EndpointRefused(
+            f"the run's MCP endpoint is not served: its HOME ({home}) is not a directory "
+            f"the worker can open without following a link ({exc})"
+        ) from exc
+    try:
+        directory, displaced = safe_fs.own_directory(parent, DIRECTORY, 0o755)
+    except UnsafePath as exc:
+        raise _refused(home, exc) from exc
+    finally:
+        os.close(parent)
+    try:
+        safe_fs.put_file(directory, BRIDGE, BRIDGE_SOURCE.encode(), 0o644)
+    except UnsafePath as exc:
+        os.close(directory)
+        raise _refused(home, exc) from exc
+    return directory, displaced
+
+
+def _refused(home: str, exc: UnsafePath) -> EndpointRefused:
+    return EndpointRefused(f"the run's MCP endpoint is not served: {home}/{DIRECTORY}: {exc}")
+
+
+def _open(
+    deps: TurnDeps,
+    run_id: str,
+    turn: int,
+    options: RunOptions,
+    placement: Placement,
+    workspace: Path,
+    masker: Masker,
+    directory: int,
+) -> tuple[RunEndpoint, tuple[McpServer, ...]]:
+    """The turn's endpoint, open in ``directory``, and the servers it serves."""
     settings = deps.settings
     home = PurePosixPath(placement.home).relative_to(placement.workspace)
-    host_dir = workspace / home / DIRECTORY
     inside = f"{placement.home}/{DIRECTORY}"
     backends: dict[str, Backend] = {
         name: RedisToolSet(deps.redis, deps.keys, run_id, name) for name in options.tools
@@ -102,7 +179,8 @@ def serve(
         RunTools(
             run_id=run_id,
             turn=turn,
-            socket_path=host_dir / SOCKET,
+            socket_path=workspace / home / DIRECTORY / SOCKET,
+            directory=directory,
             servers=guarded,
             verify=lambda token: credentials.verify(deps.redis, deps.keys, run_id, token),
             masker=masker,
@@ -116,11 +194,6 @@ def serve(
     )
     if asker is not None:
         asker.put = endpoint.put
-    host_dir.mkdir(parents=True, exist_ok=True)
-    host_dir.chmod(0o755)
-    (host_dir / BRIDGE).write_text(BRIDGE_SOURCE)
-    (host_dir / BRIDGE).chmod(0o644)
-    endpoint.open()
     servers = tuple(
         McpServer(
             name,
@@ -131,9 +204,11 @@ def serve(
         for name, backend in guarded.items()
     )
     try:
-        yield TurnTools(endpoint, servers)
-    finally:
+        endpoint.open()
+    except UnsafePath as exc:
         endpoint.close()
+        raise _refused(str(home), exc) from exc
+    return endpoint, servers
 
 
 def _asker(

@@ -157,8 +157,11 @@ def _run(
             return prepared
         sandbox, placement, work = prepared
         request = run.request(record, resolved, placement, secrets)
-        with run.serve_tools(request, placement, work) as request:
-            terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
+        try:
+            with run.serve_tools(request, placement, work) as request:
+                terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
+        except turn_tools.EndpointRefused as exc:  # raised before the harness starts
+            return run.refuse(session_error(str(exc), "sandbox"))
         return run.finish(terminal, driver, record, resolved, sandbox, work)
 
 
