@@ -1,20 +1,18 @@
 """The `harness` command explains itself: help for every option, the harness ids, the exit
 statuses, warnings for options a run would ignore, validation errors in words, and an
-`events --follow` that ends with the run."""
+`events --follow` said to end with the run (its end: tests/security/test_turn_races.py)."""
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from adapters import HARNESS_IDS
 from worker.cli import main as cli
-from worker.client import StreamEvent
-from worker.errors import InvalidInput, RunNotFound
+from worker.errors import InvalidInput
 from worker.options.spec import _EXPECTED_FORM, RunOptions, parse_options
 
 RUN_ID = "r" + "b" * 24
@@ -176,81 +174,3 @@ def test_memory_refusal_says_what_a_size_looks_like() -> None:
 
 
 # -- events --follow ends with the run --------------------------------------------------------
-
-
-class FakeRun:
-    """A client whose run streams ``batches`` (one per follow window) with a status each."""
-
-    def __init__(self, batches: list[tuple[list[StreamEvent], str | None]]) -> None:
-        self.batches = batches
-        self.stream: list[StreamEvent] = []
-        self.status_now: str | None = "idle"
-        self.follows = 0
-
-    def events(
-        self, run_id: str, after: str | None = None, follow: bool = False, **_: Any
-    ) -> Iterator[StreamEvent]:
-        if self.status_now is None and not self.stream:
-            raise RunNotFound(run_id)
-        if follow:
-            self.follows += 1
-            if self.batches:
-                new, self.status_now = self.batches.pop(0)
-                self.stream += new
-            elif self.follows > 50:
-                raise AssertionError("followed forever")
-        start = (
-            0
-            if after is None
-            else next((i + 1 for i, e in enumerate(self.stream) if e.id == after), 0)
-        )
-        yield from self.stream[start:]
-
-    def status(self, run_id: str) -> dict[str, Any]:
-        if self.status_now is None:
-            raise RunNotFound(run_id)
-        turns = max((e.turn for e in self.stream), default=0)
-        return {"status": self.status_now, "turns": turns}
-
-
-def ev(entry_id: str, kind: str = "assistant-text") -> StreamEvent:
-    return StreamEvent(entry_id, kind, {}, 0.0)
-
-
-def test_events_follow_ends_when_the_run_ends() -> None:
-    run = FakeRun(
-        [
-            ([ev("1-0", "turn-started"), ev("1-1")], "running"),
-            ([ev("1-2", "turn-complete")], "idle"),
-            ([], "idle"),
-            ([ev("2-0", "turn-started"), ev("2-1", "session-error")], "ended"),
-        ]
-    )
-    got = [e.id for e in cli._events_until_run_ends(run, RUN_ID, None)]
-    assert got == ["1-0", "1-1", "1-2", "2-0", "2-1"]
-
-
-def test_events_follow_waits_for_the_last_terminal_of_an_ended_run() -> None:
-    # The record says ended before the last turn's terminal event is in the stream.
-    run = FakeRun(
-        [
-            ([ev("1-0", "turn-started")], "ended"),
-            ([], "ended"),
-            ([ev("1-1", "session-error")], "ended"),
-        ]
-    )
-    got = [e.id for e in cli._events_until_run_ends(run, RUN_ID, None)]
-    assert got == ["1-0", "1-1"]
-
-
-def test_events_follow_stops_when_the_last_terminal_never_comes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(cli, "LAST_TERMINAL_GRACE_S", 0.0)
-    run = FakeRun([([ev("1-0", "turn-started")], "failed")])
-    assert [e.id for e in cli._events_until_run_ends(run, RUN_ID, None)] == ["1-0"]
-
-
-def test_events_follow_ends_when_the_run_is_gone() -> None:
-    run = FakeRun([([ev("1-0", "turn-started")], "idle"), ([], None)])
-    assert [e.id for e in cli._events_until_run_ends(run, RUN_ID, None)] == ["1-0"]

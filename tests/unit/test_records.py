@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import typing
 
 import fakeredis
@@ -165,12 +166,27 @@ def test_finish_turn_sets_failed_when_asked(created: RunStore) -> None:
     assert created.get(RUN)["status"] == "failed"
 
 
-def test_finish_turn_never_overrides_ended(created: RunStore) -> None:
+def test_a_turn_in_flight_ends_with_its_run_and_its_owners_late_usage_counts(
+    created: RunStore, client: fakeredis.FakeRedis
+) -> None:
+    client.set(created.keys.turn_started(RUN, 1), "w/1")  # a worker holds turn 1
     created.end_run(RUN)
-    _finish(created, 1, (3, 1, 0, None), changes={"last_error": "late"})
+    entries = client.xrange(created.keys.events(RUN))
+    assert [fields["type"] for _, fields in entries] == ["turn-started", "session-error"]
+    assert json.loads(entries[-1][1]["data"])["reason"] == "cancelled"
+    done, why = created.end_turn(
+        RUN, 1, caller="owner:w/1", status="idle", header="{}",
+        terminal=("turn-complete", "{}"), usage=(3, 1, 0, None),
+        changes={"last_error": "late"}, maxlen=1000, mark_ttl_s=60,
+    )  # fmt: skip
+    assert (done, why) == (False, "ended")
     record = created.get(RUN)
     assert record["status"] == "ended"
-    assert record["input_tokens"] == 3
+    assert record["input_tokens"] == 3  # its harness spent them
+    assert record["last_error"] is None
+    assert len(client.xrange(created.keys.events(RUN))) == 2
+    assert _finish(created, 1, (5, 0, 0, None)) is False  # anyone else's: nothing
+    assert created.get(RUN)["input_tokens"] == 3
 
 
 def test_finish_turn_writes_fields(created: RunStore) -> None:

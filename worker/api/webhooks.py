@@ -4,10 +4,12 @@
 Durable in Redis (``Keys.webhooks``): the API watches the runs that have a URL (``runs``),
 scans their streams from a stored cursor (``cursor``) and queues a delivery per event it
 delivers, by an id made of the run and the entry (``body``, ``due``: ``ZADD NX``, so two API
-processes queue it once). A delivery is claimed by moving its due time a lease ahead, and
-dropped on a 2xx; otherwise it is due again after a backoff (doubling, up to 10 minutes),
-for ``HARNESS_WEBHOOK_RETRY_FOR_S``. A process that dies holding one leaves it due again when
-the lease runs out: the next API process delivers it, with the same ``webhook-id``.
+processes queue it once). A run is let go, its end (``run-ended``) queued, only once its
+stream has ended and the scan has reached that end (worker/store/stream_end.py). A delivery
+is claimed by moving its due time a lease ahead, and dropped on a 2xx; otherwise it is due
+again after a backoff (doubling, up to 10 minutes), for ``HARNESS_WEBHOOK_RETRY_FOR_S``. A
+process that dies holding one leaves it due again when the lease runs out: the next API
+process delivers it, with the same ``webhook-id``.
 """
 
 from __future__ import annotations
@@ -32,16 +34,16 @@ from sandbox.store.seeding import SeedError, check_repo_url
 from worker.api.tenants import TenantRegistry
 from worker.errors import InvalidInput
 from worker.observe import metrics
+from worker.store import stream_end
 from worker.store.keys import Keys
-from worker.store.status import FINISHED
 
 log = logging.getLogger("worker.api.webhooks")
 
 DELIVERED_TYPES = frozenset({*TERMINAL_TYPES, "permission-request"})
 MAX_BACKOFF_S = 600.0
-END_GRACE_S = 5.0
-"""A run's end is delivered this long after its record says so (its last terminal event is
-written after the record: the scan delivers it first)."""
+SCAN_COUNT = 500
+"""Entries read per run per pass: a long stream is scanned over several passes, and its run
+is let go only once the scan has reached the stream's end (worker/store/stream_end.py)."""
 
 
 _CLAIM = """
@@ -115,13 +117,20 @@ class Dispatcher:
             await self._scan(runs[start : start + 256])
 
     async def _scan(self, runs: list[str]) -> None:
+        """One pass over ``runs``: their new entries (up to :data:`SCAN_COUNT` each) queued
+        for delivery, and each run whose stream has ended and been scanned to its end let go,
+        its end delivered after every event of it."""
         cursors = await self.redis.hmget(self.keys.webhooks("cursor"), runs)
+        # Where each stream ends, if it has (read before the streams: stream_end.py).
         pipe = self.redis.pipeline(transaction=False)
         for run_id in runs:
-            pipe.hmget(self.keys.run(run_id), ["status", "webhook_url", "tenant"])
-        records = await pipe.execute()
-        streams = {self.keys.events(r): c or "0-0" for r, c in zip(runs, cursors, strict=True)}
-        reply = await self.redis.xread(streams, count=500)
+            stream_end.ask(pipe, self.keys, run_id)
+        replies = await pipe.execute()
+        statuses, newest = replies[0::2], replies[1::2]
+        ends = [stream_end.end_of(s, n) for s, n in zip(statuses, newest, strict=True)]
+        read = {r: c or stream_end.START for r, c in zip(runs, cursors, strict=True)}
+        streams = {self.keys.events(r): read[r] for r in runs}
+        reply = await self.redis.xread(streams, count=SCAN_COUNT)
         by_key = {self.keys.events(r): r for r in runs}
         for key, entries in reply or ():
             run_id = by_key[key]
@@ -134,31 +143,25 @@ class Dispatcher:
                         fields["type"],
                         {"run_id": run_id, "event_id": entry_id, "event": data},
                     )
-            await self.redis.hset(self.keys.webhooks("cursor"), run_id, entries[-1][0])
-        for run_id, (status, _url, _tenant) in zip(runs, records, strict=True):
-            if status is None:
-                await self._forget(run_id)
-            elif status in FINISHED:
+            read[run_id] = entries[-1][0]
+            await self.redis.hset(self.keys.webhooks("cursor"), run_id, read[run_id])
+        for run_id, status, end in zip(runs, statuses, ends, strict=True):
+            if end is not None and stream_end.reached(read[run_id], end):
                 await self._ended(run_id, status)
 
-    async def _ended(self, run_id: str, status: str) -> None:
-        now = self.clock()
-        seen = await self.redis.hget(self.keys.webhooks("ended"), run_id)
-        if seen is None:
-            await self.redis.hsetnx(self.keys.webhooks("ended"), run_id, repr(now))
-            return
-        if now - float(seen) < END_GRACE_S:
-            return
-        await self.enqueue(
-            f"msg_{run_id}_end", run_id, "run-ended", {"run_id": run_id, "status": status}
-        )
+    async def _ended(self, run_id: str, status: str | None) -> None:
+        """The run's stream has ended and every entry of it is queued: its end is delivered
+        (unless its record is gone: nothing to deliver to) and the run let go."""
+        if status is not None:
+            await self.enqueue(
+                f"msg_{run_id}_end", run_id, "run-ended", {"run_id": run_id, "status": status}
+            )
         await self._forget(run_id)
 
     async def _forget(self, run_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
         pipe.srem(self.keys.webhooks("runs"), run_id)
         pipe.hdel(self.keys.webhooks("cursor"), run_id)
-        pipe.hdel(self.keys.webhooks("ended"), run_id)
         await pipe.execute()
 
     async def enqueue(self, msg_id: str, run_id: str, kind: str, data: dict[str, Any]) -> None:

@@ -46,11 +46,6 @@ the follow of run and turn ride out a Redis outage, resuming after the last even
 """
 RETRY_S = 1.0
 """How often a follow tries Redis again during an outage."""
-RUN_CHECK_S = 1.0
-"""How often ``events --follow`` looks whether the run has ended."""
-LAST_TERMINAL_GRACE_S = 5.0
-"""An ended run's record is written before its last turn's terminal event: ``events
---follow`` waits this long for that event before it stops without it."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -612,40 +607,9 @@ def _ignored_options(args: argparse.Namespace, default_sandbox: str) -> list[str
 
 
 def _events_until_run_ends(client: Any, run_id: str, after: str | None) -> Iterator[Any]:
-    """The run's events after ``after`` as they come, until the run has ended (status ended
-    or failed, and its last turn's terminal event read, or LAST_TERMINAL_GRACE_S passed
-    without it) or its keys are gone."""
-    from worker.errors import RunNotFound
-    from worker.store.status import FINISHED
-
-    cursor, finished_at = after, None
-    while True:
-        for event in client.events(run_id, after=cursor, follow=True, timeout=RUN_CHECK_S):
-            cursor = event.id
-            yield event
-        try:
-            record = client.status(run_id)
-        except RunNotFound:
-            return
-        if record.get("status") not in FINISHED:
-            finished_at = None
-            continue
-        last = int(record.get("turns") or 0)
-        finished_at = finished_at or time.monotonic()
-        grace_over = time.monotonic() - finished_at >= LAST_TERMINAL_GRACE_S
-        with contextlib.suppress(RunNotFound):  # the keys went away meanwhile: nothing left
-            if not (last == 0 or grace_over or _turn_ended(client, run_id, last)):
-                continue
-            yield from client.events(run_id, after=cursor)
-        return
-
-
-def _turn_ended(client: Any, run_id: str, turn: int) -> bool:
-    """Whether turn ``turn``'s terminal event is in the run's stream."""
-    before = "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
-    return any(
-        event.terminal and event.turn == turn for event in client.events(run_id, after=before)
-    )
+    """The run's events after ``after`` as they come, until the run's stream has ended
+    (``HarnessClient.follow_run``: ended or failed, every event read, or its keys gone)."""
+    return client.follow_run(run_id, after=after)  # type: ignore[no-any-return]
 
 
 def _follow(client: Any, renderer: Renderer, run_id: str, turn: int, wait: float | None) -> int:

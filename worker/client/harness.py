@@ -55,7 +55,7 @@ from worker.options.spec import (
 from worker.permissions import requests as permissions
 from worker.permissions.requests import who
 from worker.spend import budgets, slots
-from worker.store import credentials
+from worker.store import credentials, stream_end
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
 from worker.store.listing import RunFilter, unindex_run
@@ -576,6 +576,28 @@ class HarnessClient:
         ):
             raise RunNotFound(run_id)
         return self.keys.events(run_id)
+
+    @_translate_iter
+    def follow_run(
+        self, run_id: str, after: str | None = None, *, block_ms: int = 1000
+    ) -> Iterator[StreamEvent]:
+        """The run's events after ``after`` as they come, until its stream has ended: the
+        run is ended or failed (or gone) and every event it has is read, the last turn's
+        terminal included (:mod:`worker.store.stream_end`; no grace period). Raises, when
+        iterated, RunNotFound or InvalidInput first, and Unavailable whenever Redis fails
+        (resume after the last id seen)."""
+        key = self._events_key(run_id, after)
+        cursor = after or stream_end.START
+        while True:
+            end = stream_end.read(self.redis, self.keys, run_id)
+            block = None if end is not None else block_ms
+            reply = self.redis.xread({key: cursor}, count=1000, block=block)
+            entries = reply[0][1] if reply else []
+            for entry_id, fields in entries:
+                cursor = entry_id
+                yield _entry(entry_id, fields)
+            if end is not None and (not entries or stream_end.reached(cursor, end)):
+                return
 
     @_translate_iter
     def follow(

@@ -102,13 +102,6 @@ class WorkspaceRequests:
             push_bytes(self.binary, key, item.data, self.settings.retention_s)
         return tuple(item.ref for item in loaded)
 
-    def discard_attachments(self, run_id: str, turn: int, count: int) -> None:
-        if count:
-            self.binary.delete(*(self.keys.attachment(run_id, turn, i) for i in range(count)))
-
-    def discard_upload(self, run_id: str) -> None:
-        self.binary.delete(self.keys.upload(run_id))
-
     def ask(
         self,
         run_id: str,

@@ -42,7 +42,7 @@ def end_run(deps: TurnDeps, run_id: str) -> bool:
         metrics.teardown_failed()
         log.warning("run.teardown_failed", extra={"run_id": run_id, "error": str(exc)})
     credentials.revoke(deps.redis, deps.keys, run_id)
-    deps.store.end_run(run_id)
+    deps.store.end_run(run_id, maxlen=deps.settings.stream_maxlen)
     deps.store.expire(run_id, deps.settings.retention_s)
     deps.redis.srem(deps.keys.runs_index(), run_id)
     log.info("run.ended", extra={"run_id": run_id})
@@ -109,7 +109,9 @@ def reap_sandboxes(deps: TurnDeps, sandbox: Sandbox, report: ReapReport) -> None
             report.sandboxes.append(found.run_id)
             metrics.reaped(sandbox.backend)
             if record and status not in FINISHED:
-                deps.store.end_run(found.run_id, last_error="lease expired")
+                deps.store.end_run(
+                    found.run_id, maxlen=deps.settings.stream_maxlen, last_error="lease expired"
+                )
             log.info("reaper.removed", extra={"run_id": found.run_id, "status": status})
     if isinstance(sandbox, Egress):
         done = sandbox.reap_gateway()
@@ -174,10 +176,8 @@ def _reap_turns(deps: TurnDeps, report: ReapReport) -> None:
     # A lost turn is closed first; the run stays usable, so its sandbox is kept.
     close_lost_turns(deps, report)
     close_stranded_turns(deps, report)
-    report.resent += resend_unclaimed_turns(deps, deps.send_turn)
-    # Parked turns whose countdown was lost with its worker (never before their reset), and
-    # concurrency slots held by turns whose worker is gone (worker/spend/parking.py, slots.py).
-    report.resent += parking.resend_due(deps)
+    report.resent += resend_queued_turns(deps, deps.send_turn)
+    # Concurrency slots held by turns whose worker is gone (worker/spend/slots.py).
     report.slots_released += slots.reap(deps)
 
 
@@ -249,7 +249,7 @@ def fail_stranded_turn(deps: TurnDeps, run_id: str, turn: int, harness: str, que
     if not end_unclaimed_turn(ref, session_error(error, "sandbox"), caller="unclaimed"):
         return False
     deps.redis.delete(keys.turn_queued(run_id, turn))
-    credentials.revoke(deps.redis, keys, run_id)
+    credentials.revoke(deps.redis, keys, run_id, through=turn)  # never a later turn's
     metrics.turn_failed(harness, "sandbox")
     log.warning("turn.host_away", extra={"run_id": run_id, "turn": turn, "queue": queue})
     return True
@@ -329,34 +329,54 @@ def _docker_in_use(settings: Settings) -> bool:
     return settings.sandbox == "docker" or "docker" in allowed or "*" in allowed
 
 
-def resend_unclaimed_turns(deps: TurnDeps, send: SendTurn) -> list[str]:
-    """Send again every queued turn no worker has taken for HARNESS_RESEND_AFTER_S.
-
-    A turn's payload stays in Redis until a worker takes it. Should the broker lose the
-    message (kombu's Redis transport can, when a worker dies holding it), the turn would
-    wait forever; sending it again is safe because only the first copy to reach a worker
-    claims the turn, and every later copy is dropped as a duplicate.
-    """
+def resend_queued_turns(deps: TurnDeps, send: SendTurn) -> list[str]:
+    """Send again every queued turn no worker has taken in time: a turn in flight sent
+    HARNESS_RESEND_AFTER_S ago, and a parked turn whose countdown was lost with its worker
+    (never before its reset: :func:`worker.spend.parking.resend_not_before`). Each goes
+    through :func:`resend_queued_turn`, the one re-sender."""
     resent: list[str] = []
-    now = time.time()
 
     def step(run_id: str) -> None:
         record = deps.store.find(run_id)
-        if record is None or record.status not in EXECUTING:
+        if record is None or not record.current_turn:
             return
-        turn = record.current_turn or 0
-        if turn < 1 or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+        if record.status in EXECUTING:
+            not_before = 0.0
+        elif record.status == "parked":
+            not_before = parking.resend_not_before(record, deps.settings)
+        else:
             return
-        entry = queued.read(deps.redis, deps.keys, run_id, turn)
-        if entry is None or now - entry.sent_at < deps.settings.resend_after_s:
-            return
-        queue = entry.queue
-        if hosts.is_host_queue(queue, deps.keys) and not hosts.alive(deps.redis, deps.keys, queue):
-            return  # close_stranded_turns ends it instead
-        entry.sent_again(now).write(deps.redis, deps.keys, run_id, turn, deps.settings.retention_s)
-        send(entry.payload, queue, 0.0)
-        resent.append(f"{run_id}/{turn}")
-        log.warning("turn.resent", extra={"run_id": run_id, "turn": turn, "queue": queue})
+        if resend_queued_turn(deps, run_id, record.current_turn, send, not_before=not_before):
+            resent.append(f"{run_id}/{record.current_turn}")
 
-    _each_run(deps, "resend_unclaimed_turns", step)
+    _each_run(deps, "resend_queued_turns", step)
     return resent
+
+
+def resend_queued_turn(
+    deps: TurnDeps, run_id: str, turn: int, send: SendTurn, *, not_before: float = 0.0
+) -> bool:
+    """Send queued turn ``turn`` again; True when sent. Sent only while the turn is queued
+    (its entry is there: a claim takes it, a cancel or an end removes it) and no worker has
+    claimed it, once nothing sent it for HARNESS_RESEND_AFTER_S and not before
+    ``not_before``, and not to a host queue no live worker consumes (close_stranded_turns
+    ends such a turn instead).
+
+    A turn's payload stays in Redis until a worker takes it. Should the broker lose the
+    message (kombu's Redis transport can, when a worker dies holding it), the turn would wait
+    forever; sending it again is safe because only the first copy to reach a worker claims
+    the turn (claim_turn.lua), and every later copy is dropped as a duplicate.
+    """
+    now = time.time()
+    if now < not_before or deps.redis.exists(deps.keys.turn_started(run_id, turn)):
+        return False
+    entry = queued.read(deps.redis, deps.keys, run_id, turn)
+    if entry is None or now - entry.sent_at < deps.settings.resend_after_s:
+        return False
+    queue = entry.queue
+    if hosts.is_host_queue(queue, deps.keys) and not hosts.alive(deps.redis, deps.keys, queue):
+        return False
+    entry.sent_again(now).write(deps.redis, deps.keys, run_id, turn, deps.settings.retention_s)
+    send(entry.payload, queue, 0.0)
+    log.warning("turn.resent", extra={"run_id": run_id, "turn": turn, "queue": queue})
+    return True

@@ -10,6 +10,12 @@ or an unknown one is refused with a reason. The read loop polls the answers of i
 requests as it polls for a cancel, hands each to the adapter (which writes the harness's
 reply to its stdin) and publishes a ``permission-decision`` event.
 
+One owner writes and reads a turn's requests and their answers: :class:`Asker`, for the
+harness's own asks (the :class:`Gate` of its read loop) and for the MCP tool calls the run's
+endpoint asks about (``worker.tools.asking``) alike: the same record, the same rules first
+(the run's ``--allow``/``--deny`` patterns, then an earlier ``--always``), the same worker
+denials, the same ``permission-decision``.
+
 Fail closed: no answer by the deadline is a deny (written through the same script, so it
 races fairly with a person's answer); a cancel, a timeout, a worker shutdown or a harness
 that ends the turn denies what is pending, and tells the harness so before it is stopped; a
@@ -21,6 +27,7 @@ timeouts stand still (:mod:`worker.turn.attempt`); ``HARNESS_PERMISSION_TIMEOUT_
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import json
@@ -30,7 +37,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from adapters.asks import DENIED_MESSAGE, Ask, Decision
 from adapters.events import (
@@ -166,14 +173,6 @@ def pending(client: SyncRedis, keys: Keys, run_id: str) -> list[dict[str, Any]]:
     return sorted(waiting, key=lambda r: (r.get("turn", 0), r.get("n", 0)))
 
 
-def close_request(
-    client: SyncRedis, keys: Keys, run_id: str, request_id: str, denial: str
-) -> tuple[str, str]:
-    """The worker denies one waiting request (past its deadline or at its turn's end): the
-    script's ``(status, detail)``, ``answered`` with the answer that got in first."""
-    return _answer(client, keys, run_id, request_id, denial, closing=True)
-
-
 def close_turn(client: SyncRedis, keys: Keys, run_id: str, turn: int, by: str) -> int:
     """Deny what a turn left pending (its worker was lost); returns how many."""
     closed = 0
@@ -213,12 +212,201 @@ def _mask_fields(value: Any) -> Any:
     return value
 
 
-@dataclass
-class _Waiting:
-    ask: Ask
+@dataclass(frozen=True)
+class Answer:
+    """How a request was answered: by a person (``harness approve``/``deny``), a rule, or
+    the worker (a deny)."""
+
+    allow: bool
+    always: bool
+    by: str
+    message: str | None = None
+
+    @classmethod
+    def stored(cls, text: str) -> Answer:
+        """The answer as the run's ``permission-answers`` hash keeps it (JSON)."""
+        data = json.loads(text)
+        allow = data.get("decision") == "allow"
+        return cls(
+            allow=allow,
+            always=allow and data.get("scope") == "always",
+            by=str(data.get("by") or "unknown"),
+            message=data.get("message") or None,
+        )
+
+    def json(self, at: float) -> str:
+        return _answer_json(self.allow, self.always, self.by, self.message, at)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One request, opened by :meth:`Asker.open`."""
+
     request_id: str
+    ask: Ask
+    event: PermissionRequest
+    fingerprint: str
+    asked_at: float
     deadline: float
-    print: str
+    ruled: Answer | None
+    """Settled at once (a run's pattern, an earlier ``--always``); None: it waits for an
+    answer in Redis."""
+
+
+class Asker:
+    """The one writer and reader of a turn's permission requests and their answers in Redis.
+
+    :meth:`open` makes a request (rules first, then ``--always``, else recorded to wait),
+    :meth:`answers` reads what was answered, :meth:`deny` is the worker's answer (first answer
+    wins), :meth:`settle` the decision: ``--always`` remembered, the ``permission-decision``
+    event, the log, the wait's metrics and span.
+    """
+
+    def __init__(
+        self,
+        client: SyncRedis,
+        keys: Keys,
+        run_id: str,
+        turn: int,
+        *,
+        timeout_s: float,
+        masker: Masker,
+        clock: Callable[[], float] = time.time,
+        allow: tuple[str, ...] = (),
+        deny: tuple[str, ...] = (),
+    ) -> None:
+        self.client, self.keys, self.run_id, self.turn = client, keys, run_id, turn
+        self.timeout_s, self.masker, self.clock = timeout_s, masker, clock
+        self.patterns = (allow, deny)
+        """The run's ``--allow`` and ``--deny`` patterns (:mod:`worker.permissions.rules`):
+        they answer a request before anyone is asked."""
+
+    def open(self, request_id: str, ask: Ask) -> Asked:
+        """A request for ``ask``: its ``permission-request`` event, settled at once by the
+        run's patterns or an earlier ``--always``, else recorded to wait for an answer."""
+        text, size = shown_input(ask.input, self.masker)
+        description = self.masker.mask(ask.description or ask.tool)
+        command = self.masker.mask(ask.command) if ask.command else None
+        asked_at = self.clock()
+        deadline = asked_at + self.timeout_s
+        event = PermissionRequest(
+            request_id=request_id,
+            description=description,
+            command=command,
+            tool=ask.tool,
+            input=text,
+            input_chars=size,
+            deadline=deadline,
+        )
+        print_ = fingerprint(ask.tool, ask.input)
+        asked = functools.partial(Asked, request_id, ask, event, print_, asked_at, deadline)
+        ruled = permission_rules.decide(*self.patterns, ask)
+        if ruled is not None:
+            allowed, by = ruled
+            message = None if allowed else f"Denied by the run's rule {by.split(':', 2)[2]}."
+            log.info(
+                "permission.ruled",
+                extra={"run_id": self.run_id, "request_id": request_id, "by": by},
+            )
+            return asked(Answer(allowed, False, by, message))
+        try:
+            always = self.client.sismember(self.keys.permission_always(self.run_id), print_)
+        except REDIS_ERRORS:
+            always = False
+        if always:
+            return asked(Answer(True, True, "rule:always"))
+        record = {
+            "request_id": request_id,
+            "run_id": self.run_id,
+            "turn": self.turn,
+            "n": int(request_id.rsplit("-", 1)[1]),
+            "tool": ask.tool,
+            "description": description,
+            "command": command,
+            "input": text,
+            "input_chars": size,
+            "deadline": deadline,
+            "asked_at": asked_at,
+        }
+        self.client.hset(self.keys.permissions(self.run_id), request_id, json.dumps(record))
+        log.info(
+            "permission.requested",
+            extra={"run_id": self.run_id, "request_id": request_id, "tool": ask.tool},
+        )
+        return asked(None)
+
+    def answers(self, request_ids: list[str]) -> dict[str, Answer]:
+        """The answers given so far to these requests (none while Redis is away)."""
+        if not request_ids:
+            return {}
+        try:
+            raw = self.client.hmget(self.keys.permission_answers(self.run_id), request_ids)
+        except REDIS_ERRORS:
+            return {}
+        return {rid: Answer.stored(t) for rid, t in zip(request_ids, raw, strict=True) if t}
+
+    def deny(self, request_id: str, by: str, *, abort: bool) -> Answer:
+        """The worker answers a waiting request: a deny, unless a person's answer got in first
+        and the turn goes on (``abort`` false). Redis away: denied here all the same."""
+        denial = Answer(False, False, by, self._told(by))
+        try:
+            status, detail = _answer(
+                self.client, self.keys, self.run_id, request_id, denial.json(self.clock()),
+                closing=True,
+            )  # fmt: skip
+        except REDIS_ERRORS:
+            return denial
+        if status == "answered" and not abort:
+            return Answer.stored(detail)
+        return denial
+
+    def record(self, request_id: str, answer: Answer) -> None:
+        """Write over a request's answer (one that could not be carried out stands as
+        given, in its ``permission-decision``); best effort."""
+        with contextlib.suppress(*REDIS_ERRORS):
+            self.client.hset(
+                self.keys.permission_answers(self.run_id), request_id, answer.json(self.clock())
+            )
+
+    def settle(self, asked: Asked, answer: Answer) -> PermissionDecision:
+        """The request's decision: ``--always`` remembered, logged, and, when it waited, its
+        wait measured."""
+        if answer.always and answer.by != "rule:always":
+            try:
+                self.client.sadd(self.keys.permission_always(self.run_id), asked.fingerprint)
+            except REDIS_ERRORS:
+                log.warning("permission.always_unrecorded", extra={"run_id": self.run_id})
+        decision: Literal["allow", "deny"] = "allow" if answer.allow else "deny"
+        log.info(
+            "permission.decided",
+            extra={
+                "run_id": self.run_id,
+                "request_id": asked.request_id,
+                "decision": decision,
+                "by": answer.by,
+            },
+        )
+        if asked.ruled is None:
+            now = self.clock()
+            metrics.permission_decided(decision, answer.by, now - asked.asked_at)
+            tracing.past_span(
+                "permission wait",
+                asked.asked_at,
+                now,
+                {"harness.permission.tool": asked.ask.tool, "harness.permission.by": answer.by},
+            )
+        return PermissionDecision(
+            request_id=asked.request_id,
+            decision=decision,
+            scope="always" if answer.always else "once",
+            by=answer.by,
+            message=answer.message,
+        )
+
+    def _told(self, by: str) -> str | None:
+        if by == "worker:deadline":
+            return f"No answer within {self.timeout_s:g}s: the tool call was denied."
+        return None
 
 
 _STOP_BY = {
@@ -230,7 +418,8 @@ _STOP_BY = {
 
 
 class Gate:
-    """One turn's permission requests, between its adapter, its process and Redis.
+    """One turn's permission requests, between its adapter, its process and Redis (through
+    the turn's :class:`Asker`).
 
     :meth:`attach` binds it to an attempt (its adapter state and process); the read loop
     calls :meth:`collect` after every feed, :meth:`poll` with its cancel check, :meth:`close`
@@ -251,15 +440,14 @@ class Gate:
         allow: tuple[str, ...] = (),
         deny: tuple[str, ...] = (),
     ) -> None:
-        self.client, self.keys, self.run_id, self.turn = client, keys, run_id, turn
-        self.allow, self.deny = allow, deny
-        """The run's ``--allow``/``--deny`` patterns (:mod:`worker.permissions.rules`): they
-        answer a request before anyone is asked."""
-        self.timeout_s = timeout_s
-        self.masker = masker
+        self.asker = Asker(
+            client, keys, run_id, turn, timeout_s=timeout_s, masker=masker, clock=clock,
+            allow=allow, deny=deny,
+        )  # fmt: skip
+        self.turn = turn
         self.clock = clock
         self._count = 0
-        self._waiting: dict[str, _Waiting] = {}
+        self._waiting: dict[str, Asked] = {}
         self._adapter: Adapter[AdapterState] | None = None
         self._state: AdapterState | None = None
         self._process: Process | None = None
@@ -288,18 +476,16 @@ class Gate:
         """Apply the answers that came in and deny what passed its deadline."""
         if not self._waiting:
             return []
-        ids = list(self._waiting)
-        try:
-            raw = self.client.hmget(self.keys.permission_answers(self.run_id), ids)
-        except REDIS_ERRORS:
-            raw = [None] * len(ids)
+        answers = self.asker.answers(list(self._waiting))
         events: list[Event] = []
         now = self.clock()
-        for request_id, text in zip(ids, raw, strict=True):
-            if text is not None:
-                events.extend(self._apply(request_id, json.loads(text)))
-            elif now >= self._waiting[request_id].deadline:
-                events.extend(self._close(request_id, "worker:deadline", abort=False))
+        for request_id, asked in list(self._waiting.items()):
+            answer = answers.get(request_id)
+            if answer is not None:
+                events.extend(self._apply(request_id, answer))
+            elif now >= asked.deadline:
+                answer = self.asker.deny(request_id, "worker:deadline", abort=False)
+                events.extend(self._apply(request_id, answer))
         return events
 
     def close(self, stop: SessionError | None) -> list[Event]:
@@ -311,7 +497,8 @@ class Gate:
         by = _STOP_BY.get(stop.reason, f"worker:{stop.reason}") if stop else "worker:turn-ended"
         events: list[Event] = []
         for request_id in list(self._waiting):
-            events.extend(self._close(request_id, by, abort=True))
+            answer = self.asker.deny(request_id, by, abort=True)
+            events.extend(self._apply(request_id, answer, abort=True))
         return events
 
     def turn_over(self) -> None:
@@ -323,136 +510,28 @@ class Gate:
 
     def _take(self, ask: Ask) -> list[Event]:
         self._count += 1
-        request_id = f"p{self.turn}-{self._count}"
-        text, size = shown_input(ask.input, self.masker)
-        print_ = fingerprint(ask.tool, ask.input)
-        description = self.masker.mask(ask.description or ask.tool)
-        command = self.masker.mask(ask.command) if ask.command else None
-        deadline = self.clock() + self.timeout_s
-        record = {
-            "request_id": request_id,
-            "run_id": self.run_id,
-            "turn": self.turn,
-            "n": self._count,
-            "tool": ask.tool,
-            "description": description,
-            "command": command,
-            "input": text,
-            "input_chars": size,
-            "deadline": deadline,
-            "asked_at": self.clock(),
-        }
-        request = PermissionRequest(
-            request_id=request_id,
-            description=description,
-            command=command,
-            tool=ask.tool,
-            input=text,
-            input_chars=size,
-            deadline=deadline,
-        )
-        ruled = permission_rules.decide(self.allow, self.deny, ask)
-        if ruled is not None:
-            allowed, by = ruled
-            message = None if allowed else f"Denied by the run's rule {by.split(':', 2)[2]}."
-            if not self._answer(ask, Decision(allow=allowed, message=message)) and allowed:
-                allowed, by = False, "worker:channel"
-            log.info(
-                "permission.ruled",
-                extra={"run_id": self.run_id, "request_id": request_id, "by": by},
-            )
-            return [
-                request,
-                PermissionDecision(
-                    request_id=request_id,
-                    decision="allow" if allowed else "deny",
-                    scope="once",
-                    by=by,
-                    message=message,
-                ),
-            ]
-        try:
-            always = self.client.sismember(self.keys.permission_always(self.run_id), print_)
-        except REDIS_ERRORS:
-            always = False
-        if always:
-            self._answer(ask, Decision(allow=True, always=True))
-            return [
-                request,
-                PermissionDecision(
-                    request_id=request_id, decision="allow", scope="always", by="rule:always"
-                ),
-            ]
-        self.client.hset(self.keys.permissions(self.run_id), request_id, json.dumps(record))
-        self._waiting[request_id] = _Waiting(ask, request_id, deadline, print_)
-        log.info(
-            "permission.requested",
-            extra={"run_id": self.run_id, "request_id": request_id, "tool": ask.tool},
-        )
-        return [request]
+        asked = self.asker.open(f"p{self.turn}-{self._count}", ask)
+        if asked.ruled is None:
+            self._waiting[asked.request_id] = asked
+            return [asked.event]
+        answer = asked.ruled
+        delivered = self._answer(ask, Decision(answer.allow, answer.always, answer.message))
+        if not delivered and answer.allow:
+            answer = Answer(False, False, "worker:channel")
+        return [asked.event, self.asker.settle(asked, answer)]
 
-    def _close(self, request_id: str, by: str, *, abort: bool) -> list[Event]:
-        """The worker answers: deny (unless a person's answer got in first)."""
-        text = _answer_json(False, False, by, None, self.clock())
-        try:
-            status, detail = _answer(
-                self.client, self.keys, self.run_id, request_id, text, closing=True
-            )
-        except REDIS_ERRORS:
-            status, detail = "ok", ""  # denied here all the same; nothing waits on Redis
-        won = json.loads(detail) if status == "answered" else json.loads(text)
-        if abort and won.get("decision") == "allow":
-            won = json.loads(text)  # the turn is ending: nothing more runs
-        return self._apply(request_id, won, abort=abort)
-
-    def _apply(
-        self, request_id: str, answer: dict[str, Any], *, abort: bool = False
-    ) -> list[Event]:
-        waiting = self._waiting.pop(request_id, None)
-        if waiting is None:
+    def _apply(self, request_id: str, answer: Answer, *, abort: bool = False) -> list[Event]:
+        asked = self._waiting.pop(request_id, None)
+        if asked is None:
             return []
-        allow = answer.get("decision") == "allow"
-        always = allow and answer.get("scope") == "always"
-        message = answer.get("message") or None
-        by = str(answer.get("by") or "unknown")
-        if by == "worker:deadline":
-            message = f"No answer within {self.timeout_s:g}s: the tool call was denied."
-        if not self._answer(waiting.ask, Decision(allow, always, message, abort)) and allow:
+        decision = Decision(answer.allow, answer.always, answer.message, abort)
+        if not self._answer(asked.ask, decision) and answer.allow:
             # The harness no longer reads its stdin: the allow never reaches it.
-            allow, always, by = False, False, "worker:channel"
-            message = "the answer could not be delivered to the harness"
-            self._record(request_id, _answer_json(False, False, by, message, self.clock()))
-        if always:
-            try:
-                self.client.sadd(self.keys.permission_always(self.run_id), waiting.print)
-            except REDIS_ERRORS:
-                log.warning("permission.always_unrecorded", extra={"run_id": self.run_id})
-        log.info(
-            "permission.decided",
-            extra={
-                "run_id": self.run_id,
-                "request_id": request_id,
-                "decision": "allow" if allow else "deny",
-                "by": by,
-            },
-        )
-        asked_at, now = waiting.deadline - self.timeout_s, self.clock()
-        metrics.permission_decided("allow" if allow else "deny", by, now - asked_at)
-        tracing.past_span(
-            "permission wait",
-            asked_at,
-            now,
-            {"harness.permission.tool": waiting.ask.tool, "harness.permission.by": by},
-        )
-        return [
-            PermissionDecision(
-                request_id=request_id,
-                decision="allow" if allow else "deny",
-                scope="always" if always else "once",
-                by=by,
-                message=message,
+            answer = Answer(
+                False, False, "worker:channel", "the answer could not be delivered to the harness"
             )
-        ]
+            self.asker.record(request_id, answer)
+        return [self.asker.settle(asked, answer)]
 
     def _answer(self, ask: Ask, decision: Decision) -> bool:
         """Hand the decision to the adapter and write its reply; False if it cannot be."""
@@ -469,7 +548,3 @@ class Gate:
         while state.outbox:
             ok = process.write(state.outbox.pop(0)) and ok
         return ok
-
-    def _record(self, request_id: str, text: str) -> None:
-        with contextlib.suppress(*REDIS_ERRORS):
-            self.client.hset(self.keys.permission_answers(self.run_id), request_id, text)

@@ -17,10 +17,11 @@ Meanwhile the run record says ``status: parked``, ``resume_at`` and ``parks``, a
 ``end`` withdraw the parked turn). The turn is sent with a Celery countdown: no process waits
 for the reset. Its payload carries ``not_before``, so a copy delivered early (a broker's
 redelivery) is sent on again instead of running; and its queued entry is what the reaper
-sends again (:func:`resend_due`) if no worker takes the turn within HARNESS_RESEND_AFTER_S
-after the reset, as when the worker holding the countdown died: the turn survives worker
-restarts. The existing resend of queued turns passes parked runs over (their status is not
-in flight), so nothing sends a parked turn before its reset.
+sends again, through the one re-sender of queued turns
+(:func:`worker.fleet.lifecycle.resend_queued_turn`), if no worker takes the turn within
+HARNESS_RESEND_AFTER_S after the reset (:func:`resend_not_before`), as when the worker
+holding the countdown died: the turn survives worker restarts, and is never sent again
+before its reset.
 
 Without a reset time, a rate limit parks for an exponential backoff with jitter
 (HARNESS_BACKOFF_BASE_S doubled per park, at most HARNESS_BACKOFF_MAX_S, between half and
@@ -187,26 +188,8 @@ def resumed(deps: TurnDeps, run_id: str, turn: int) -> bool:
     return lua.scripts(deps.redis).resume_turn(deps.keys.run(run_id), turn, time.time())
 
 
-def resend_due(deps: TurnDeps, send: Sender | None = None) -> list[str]:
-    """The reaper's step: send again every parked turn no worker took within
-    HARNESS_RESEND_AFTER_S after its reset (the worker holding its countdown died). Never
-    before the reset: an early copy would only be sent on again."""
-    out: list[str] = []
-    now = time.time()
-    for run_id in deps.redis.smembers(deps.keys.runs_index()):
-        record = deps.store.find(run_id)
-        if record is None or record.status != "parked" or not record.current_turn:
-            continue
-        turn = record.current_turn
-        if now < (record.resume_at or 0.0) + deps.settings.resend_after_s:
-            continue
-        if deps.redis.exists(deps.keys.turn_started(run_id, turn)):
-            continue
-        entry = queued.read(deps.redis, deps.keys, run_id, turn)
-        if entry is None or now - entry.sent_at < deps.settings.resend_after_s:
-            continue
-        entry.sent_again(now).write(deps.redis, deps.keys, run_id, turn, deps.settings.retention_s)
-        (send or deps.send_turn)(entry.payload, entry.queue, 0.0)
-        out.append(f"{run_id}/{turn}")
-        log.warning("turn.parked_resent", extra={"run_id": run_id, "turn": turn})
-    return out
+def resend_not_before(record: RunRecord, settings: Settings) -> float:
+    """When the reaper may send a parked turn again (its countdown lost with the worker that
+    held it): HARNESS_RESEND_AFTER_S after its reset, never before it (an early copy would
+    only be sent on again). The sending is :func:`worker.fleet.lifecycle.resend_queued_turn`."""
+    return (record.resume_at or 0.0) + settings.resend_after_s

@@ -5,10 +5,15 @@ granted one takes a *slot* of that credential before the worker claims it. The c
 known by a hash of its value (never the value: two grant names holding one key share its
 slots, two workers holding different values do not). Its slots live in Redis:
 
-- ``holders``: a sorted set of ``run_id/turn`` scored by when the hold lapses (a backstop:
-  the reaper releases a slot as soon as the heartbeat of the turn holding it is gone);
-- ``waiting``: a sorted set of the turns waiting, scored by when they first asked; ``who``
-  (a hash: member to producer) and ``seen`` (member to the last time it asked);
+- ``holders``: a sorted set of holders scored by when the hold lapses (a backstop: the
+  reaper releases a slot as soon as the heartbeat of the turn holding it is gone, or the
+  turn's claim went to another copy). A holder is named by the attempt that took the slot,
+  ``run_id/turn/CLAIM-TOKEN/NONCE`` (:func:`holder`): two copies of one turn (a broker's
+  redelivery) each hold under their own name, so the copy that loses the claim releases its
+  own slot, never the winner's;
+- ``waiting``: a sorted set of the turns waiting (``run_id/turn``: a turn keeps its place
+  whichever copy asks), scored by when they first asked; ``who`` (a hash: member or holder
+  to producer) and ``seen`` (member to the last time it asked);
 - ``caps``: a hash of producer to the most slots it may hold at once, from the run's
   ``key_slots`` (a tenant's policy: ``worker.api.tenants``), always within the limit.
 
@@ -34,6 +39,7 @@ import hashlib
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +67,23 @@ def credential_hash(value: str) -> str:
 
 
 def member(run_id: str, turn: int) -> str:
+    """A turn as it waits for a slot."""
     return f"{run_id}/{turn}"
+
+
+def holder(run_id: str, turn: int, token: str) -> str:
+    """One attempt at a turn as it holds a slot: the claim token it will claim the turn with
+    (the started mark holds the winner's), and a nonce (two copies of one delivery in one
+    process share a token)."""
+    return f"{member(run_id, turn)}/{token}/{uuid.uuid4().hex[:12]}"
+
+
+def _holding_token(name: str) -> tuple[str, int, str | None]:
+    """The run, turn and claim token a holder names (no token: a hold named by its turn)."""
+    run_id, _, rest = name.partition("/")
+    turn_text, _, tail = rest.partition("/")
+    token = tail.rpartition("/")[0] if tail else None
+    return run_id, int(turn_text or 0), token
 
 
 @dataclass
@@ -71,6 +93,7 @@ class Hold:
     deps: TurnDeps | None = None
     held: list[str] = field(default_factory=list)
     who: str = ""
+    """The holder's name (:func:`holder`)."""
 
     def release(self) -> None:
         if self.deps is None or not self.held:
@@ -145,8 +168,11 @@ def take(
     payload: TurnPayload,
     options: RunOptions,
     requeue: Callable[[dict[str, Any], str, float], None] | None = None,
+    *,
+    token: str = "",
 ) -> Hold | None:
-    """Take a slot of every limited key of the run; None when the turn must wait, in which
+    """Take a slot of every limited key of the run, held under the name of this attempt
+    (``token``: the token it claims the turn with); None when the turn must wait, in which
     case it has been sent back to its queue (``requeue``) to ask again later."""
     limits = deps.settings.key_slots
     if not limits or not options.grants:
@@ -155,26 +181,26 @@ def take(
     if not wanted:
         return NO_HOLD
     run_id, turn = payload.run_id, payload.turn
-    who = member(run_id, turn)
+    waiter = member(run_id, turn)
     if deps.redis.exists(deps.keys.turn_started(run_id, turn)) or _ended(deps, run_id, turn):
-        # Taken, cancelled, closed or ended already: the claim decides. A turn no worker runs any
-        # more (cancelled while it waited) stops waiting, so it holds up nobody's place.
-        if not deps.redis.exists(deps.keys.turn_owner(run_id, turn)):
-            scripts = lua.scripts(deps.redis)
-            for _, _, digest in wanted:
-                scripts.slot_release(*_keys(deps, digest), who)
+        # Taken, cancelled, closed or ended already: the claim decides, and the turn waits no
+        # more (a turn cancelled while it waited holds up nobody's place). Only its place in
+        # line is given up: a hold is its attempt's own to release.
+        scripts = lua.scripts(deps.redis)
+        for _, _, digest in wanted:
+            scripts.slot_release(*_keys(deps, digest), waiter)
         return NO_HOLD
     producer = options.producer or ""
     caps = (options.key_slots or {}) if producer else {}
     now = time.time()
-    hold = Hold(deps, [], who)
+    hold = Hold(deps, [], holder(run_id, turn, token or uuid.uuid4().hex))
     scripts = lua.scripts(deps.redis)
     backstop = deps.settings.max_turn_timeout_s + HOLD_BACKSTOP_S
     forget_after = max(30.0, 10 * deps.settings.slot_retry_s)
     for grant, limit, digest in wanted:
         got, place, waiting = scripts.slot_take(
             *_keys(deps, digest),
-            who,
+            waiter,
             producer,
             limit,
             now,
@@ -182,12 +208,23 @@ def take(
             forget_after,
             caps=deps.keys.slots(digest, "caps"),
             cap=min(caps.get(grant, 0), limit),
+            holder=hold.who,
         )
         deps.redis.sadd(deps.keys.slots_index(), digest)
         if got:
             hold.held.append(digest)
             continue
         hold.release()  # all or none: holding one key while waiting for another blocks both
+        if place == 0:
+            # Another copy of this turn holds its slot (a broker's redelivery): that copy claims
+            # the turn. This one asks again later, to find it claimed, or the slot free should
+            # that copy have died before its claim (the reaper releases its hold).
+            log.info("turn.copy_holds_slot", extra={"run_id": run_id, "turn": turn})
+            entry = queued.read(deps.redis, deps.keys, run_id, turn)
+            if entry is not None:  # else claimed already: this copy is done
+                send = requeue or deps.send_turn
+                send(payload.model_dump(), entry.queue, deps.settings.slot_retry_s)
+            return None
         _wait(deps, payload, grant, place, waiting, limit, now, requeue)
         return None
     if hold.held:
@@ -264,8 +301,10 @@ def waiting_notice(run_id: str, record: dict[str, Any]) -> SlotWaiting | None:
 
 def reap(deps: TurnDeps) -> list[str]:
     """Release slots whose turn's worker is gone: the turn was claimed and its owner
-    heartbeat lapsed (a lost worker), or no worker claimed it within UNCLAIMED_GRACE_S (its
-    worker died between taking the slot and claiming the turn); also lapsed holds."""
+    heartbeat lapsed (a lost worker), the turn was claimed by another copy than the one
+    holding the slot (a loser that died before it let go), or no worker claimed it within
+    UNCLAIMED_GRACE_S (its worker died between taking the slot and claiming the turn); also
+    lapsed holds."""
     released: list[str] = []
     keys, now = deps.keys, time.time()
     backstop = deps.settings.max_turn_timeout_s + HOLD_BACKSTOP_S
@@ -276,12 +315,13 @@ def reap(deps: TurnDeps) -> list[str]:
         if not entries:
             continue
         for who, lapses in entries:
-            run_id, _, turn_text = who.rpartition("/")
-            turn = int(turn_text or 0)
+            run_id, turn, token = _holding_token(who)
             taken_at = lapses - backstop
-            claimed = deps.redis.exists(keys.turn_started(run_id, turn))
+            mark = deps.redis.get(keys.turn_started(run_id, turn))
+            claimed = mark is not None
             alive = deps.redis.exists(keys.turn_owner(run_id, turn))
             lost = (claimed and not alive) or (not claimed and now - taken_at > UNCLAIMED_GRACE_S)
+            lost = lost or (claimed and token is not None and mark != token)
             if lost or lapses < now:
                 scripts.slot_release(*_keys(deps, digest), who)
                 released.append(f"{digest[:8]}:{who}")

@@ -44,12 +44,38 @@ end
 """
 """Whether the turn's last entry in the run's stream is its terminal."""
 
+_END_TURN_STREAM = """local function next_seq_of(stream, turn)
+  local last = redis.call('XREVRANGE', stream, turn .. '-18446744073709551615', turn .. '-0',
+    'COUNT', 1)
+  if #last == 0 then return 0 end
+  local fields = last[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'type' and TERMINAL[fields[i + 1]] then return nil end
+  end
+  return tonumber(string.match(last[1][1], '-(%d+)$')) + 1
+end
+local function append_terminal(stream, turn, next_seq, maxlen, ts, header, kind, data)
+  if next_seq == 0 then
+    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, turn .. '-0',
+      'type', 'turn-started', 'data', header, 'ts', ts)
+    next_seq = 1
+  end
+  local id = turn .. '-' .. next_seq
+  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'type', kind, 'data', data, 'ts', ts)
+  return id
+end
+"""
+"""A turn's end in its stream: ``next_seq_of`` the seq its terminal takes (nil when it has
+its terminal already), ``append_terminal`` writes it (after a ``turn-started`` when the turn
+has no entry yet)."""
+
 PRELUDE = (
     lua_prelude()
     + _set("IN_FLIGHT", IN_FLIGHT)
     + _set("FINISHED", FINISHED)
     + _set("TERMINAL", sorted(TERMINAL_TYPES))
     + _TURN_ENDED
+    + _END_TURN_STREAM
 )
 
 SOURCES: dict[str, str] = {
@@ -137,6 +163,11 @@ class Scripts:
         run's stream. False when the turn is no longer the token's to hold."""
         return bool(self._call("renew_hold", list(keys), [token, owner_ttl_s, str(turn)]))
 
+    def revoke_credential(self, key: str, through: int) -> bool:
+        """See ``revoke_credential.lua``: the credential revoked if issued for turn
+        ``through`` or earlier."""
+        return bool(self._call("revoke_credential", [key], [str(through)]))
+
     def delete_if_mine(self, key: str, value: str) -> bool:
         return bool(self._call("delete_if_mine", [key], [value]))
 
@@ -163,13 +194,14 @@ class Scripts:
         *,
         caps: str,
         cap: int,
+        holder: str = "",
     ) -> tuple[bool, int, int]:
         """See ``slot_take.lua``; ``caps`` the hash of each producer's cap, ``cap`` this
-        producer's (0: none)."""
+        producer's (0: none); ``holder`` the name the slot is held by (default: ``member``)."""
         reply = self._call(
             "slot_take",
             [holders, waiting, who, seen, caps],
-            [member, producer, limit, repr(now), backstop_s, forget_after_s, cap],
+            [member, producer, limit, repr(now), backstop_s, forget_after_s, cap, holder],
         )
         assert isinstance(reply, list)
         got, place, count = reply
@@ -195,9 +227,26 @@ class Scripts:
     def unbegin_turn(self, record: str, started: str, queued: str, turn: int, now: float) -> bool:
         return bool(self._call("unbegin_turn", [record, started, queued], [str(turn), now]))
 
-    def end_run(self, record: str, now: float, fields: dict[str, str]) -> str:
-        reply = self._call("end_run", [record], _now_and_pairs(now, fields))
-        return str(reply or "")
+    def end_run(
+        self,
+        keys: tuple[str, str, str],
+        now: float,
+        turn: int,
+        *,
+        maxlen: int,
+        mark_ttl_s: int,
+        header: str,
+        terminal: tuple[str, str],
+        fields: dict[str, str],
+    ) -> str | None:
+        """See ``end_run.lua``: ``keys`` the run's record and stream and the started mark of
+        ``turn``, its current turn as read. The status the run left ('' when it had ended or
+        is gone), or None when its current turn is not ``turn`` (read it again)."""
+        args: list[Value] = [now, str(turn), maxlen, mark_ttl_s, f"{now:.6f}", header, *terminal]
+        for name, value in fields.items():
+            args += [name, value]
+        reply = _text(self._call("end_run", list(keys), args)) or ""
+        return None if reply == "!turn" else reply
 
     def end_turn(
         self,

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapters.events import TurnStarted, session_error
 from worker.errors import RunBusy, RunEnded, RunNotFound
 from worker.options.spec import RunOptions
 from worker.store import listing, lua, queued
@@ -432,11 +433,33 @@ class RunStore:
             time.time(),
         )
 
-    def end_run(self, run_id: str, **changes: Unpack[RecordChanges]) -> str:
-        """Move the run to ``ended`` (with ``changes``). Returns the status it left, or ''
-        when it had already ended or is gone."""
+    def end_run(
+        self, run_id: str, *, maxlen: int = 100_000, **changes: Unpack[RecordChanges]
+    ) -> str:
+        """Move the run to ``ended`` (with ``changes``), and end the turn it has in flight,
+        if any, with it (``end_run.lua``): the record never says ended while a turn of the
+        run still waits for its terminal. Returns the status it left, or '' when it had
+        already ended or is gone."""
         fields = _no_long_fields(changes)
-        return self._scripts.end_run(self.keys.run(run_id), time.time(), fields)
+        error = session_error("the run was ended before this turn finished", "cancelled")
+        key = self.keys.run(run_id)
+        while True:
+            turn_text, harness = self.redis.hmget(key, ["current_turn", "harness"])
+            turn = int(turn_text or 0)
+            header = TurnStarted(harness=harness or "", attempt=1, input_chars=0).data_json()
+            now = time.time()
+            left = self._scripts.end_run(
+                (key, self.keys.events(run_id), self.keys.turn_started(run_id, turn)),
+                now,
+                turn,
+                maxlen=maxlen,
+                mark_ttl_s=self.retention_s,
+                header=header,
+                terminal=(error.type, error.data_json()),
+                fields=fields,
+            )
+            if left is not None:
+                return left
 
     def end_turn(
         self,

@@ -101,7 +101,7 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
     life = TurnLife(deps, run_id, turn, options.harness, record)
     if parking.defer_if_early(deps, payload):
         return "deferred"
-    hold = slots.take(deps, payload, options)
+    hold = slots.take(deps, payload, options, token=life.token_for(delivery))
     if hold is None:
         return "waiting-for-slot"
     if not life.claim(delivery):
@@ -870,14 +870,18 @@ def close_lost_turn(
     """Give a turn whose worker died its one terminal event (reason ``worker-lost``).
 
     The run stays usable: its sandbox and workspace are kept (the next turn in that container
-    first stops whatever the lost turn left running), and its credential is revoked now.
+    first stops whatever the lost turn left running). Only once the end script has ended the
+    turn are its pending permission requests denied and its credential revoked (its own, not
+    a later turn's): a close that finds the turn owned after all (its worker renewed its
+    hold), or ended already (a redelivered copy of an old turn), touches nothing.
     """
-    credentials.revoke(deps.redis, deps.keys, run_id)
-    permissions.close_turn(deps.redis, deps.keys, run_id, turn, "worker:worker-lost")
     ref = TurnRef(deps.redis, deps.keys, deps.store, deps.settings, run_id, turn, harness)
-    if end_unclaimed_turn(
+    if not end_unclaimed_turn(
         ref, session_error(error, "worker-lost"), caller="lost", patience_s=600.0
     ):
-        metrics.turn_failed(harness, "worker-lost")
-        log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
+        return "duplicate"
+    credentials.revoke(deps.redis, deps.keys, run_id, through=turn)
+    permissions.close_turn(deps.redis, deps.keys, run_id, turn, "worker:worker-lost")
+    metrics.turn_failed(harness, "worker-lost")
+    log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
     return "worker-lost"

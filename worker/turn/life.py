@@ -207,6 +207,15 @@ class TurnLife:
 
     # -- claim and heartbeat ---------------------------------------------------------------
 
+    def token_for(self, delivery: str | None) -> str:
+        """The token this attempt claims the turn with (fixed by its first call): the same
+        for a retry of the same delivery, so a claim whose reply was lost is recognised. A
+        key slot taken before the claim is held under it (worker/spend/slots.py), so only the
+        copy that wins the claim keeps its slot."""
+        if not self._token:
+            self._token = f"{self.deps.worker_id}/{delivery or uuid.uuid4().hex}"
+        return self._token
+
     def claim(self, delivery: str | None) -> bool:
         """Take the turn; its heartbeat beats from now until :meth:`release`. False when
         another delivery took it first. Redis errors propagate: nothing has happened yet, so
@@ -217,7 +226,7 @@ class TurnLife:
                 return False
             _in_flight.add(self._slot)
         claimed = None
-        token = f"{deps.worker_id}/{delivery or uuid.uuid4().hex}"
+        token = self.token_for(delivery)
         try:
             claimed = lua.scripts(deps.redis).claim_turn(
                 (
@@ -239,7 +248,6 @@ class TurnLife:
                     _in_flight.discard(self._slot)
         if claimed is not None:
             self.claimed = claimed
-            self._token = token
             HEARTBEATS.hold(
                 self._slot,
                 deps.redis,
@@ -323,13 +331,16 @@ class TurnLife:
     def issue_credential(self) -> str:
         settings = self.deps.settings
         ttl = int(settings.run_lease_s + settings.max_turn_timeout_s)
+        deps, ref = self.deps, self.ref
         return self.patience.call(
-            lambda: credentials.issue(self.deps.redis, self.deps.keys, self.ref.run_id, ttl)
+            lambda: credentials.issue(deps.redis, deps.keys, ref.run_id, ttl, turn=ref.turn)
         )
 
     def revoke_credential(self) -> None:
+        """Revoke this turn's credential (never a later turn's)."""
+        deps, ref = self.deps, self.ref
         self.patience.call(
-            lambda: credentials.revoke(self.deps.redis, self.deps.keys, self.ref.run_id)
+            lambda: credentials.revoke(deps.redis, deps.keys, ref.run_id, through=ref.turn)
         )
 
     # -- the end -----------------------------------------------------------------------------

@@ -15,6 +15,9 @@
 -- ARGV: turn, caller, move (finish-idle, finish-failed, finish-parked), now, stream MAXLEN,
 --   mark TTL, ts, turn-started data, terminal type, terminal data, input tokens, output
 --   tokens, cached input tokens, cost ('' when unpriced), then record field, value pairs.
+-- An owner that finds its turn ended by another (a reaper's 'lost' end, or the run's end:
+-- end_run.lua; its mark still holds the owner's token, which its own end deletes) writes no
+-- terminal, but what its harness spent still counts in the record (the usage arguments).
 -- Returns {1, terminal id}, or {0, why}: 'ended' (it has its terminal), 'owned' (a live
 -- worker holds it), 'not-owner' (the caller's claim is not the turn's), 'claimed' (an
 -- 'unclaimed' caller found a worker's claim), 'queued' (a 'lost' caller found no claim).
@@ -36,45 +39,7 @@ local function compact(stream)
   end
 end
 
-local turn = ARGV[1]
-local last = redis.call('XREVRANGE', KEYS[2], turn .. '-18446744073709551615', turn .. '-0',
-  'COUNT', 1)
-local next_seq = 0
-if #last > 0 then
-  local fields = last[1][2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'type' and TERMINAL[fields[i + 1]] then return {0, 'ended'} end
-  end
-  next_seq = tonumber(string.match(last[1][1], '-(%d+)$')) + 1
-end
-local mark = redis.call('GET', KEYS[3])
-local caller = ARGV[2]
-local owner = string.sub(caller, 1, 6) == 'owner:'
-if owner then
-  if mark ~= string.sub(caller, 7) then return {0, 'not-owner'} end
-elseif not mark then
-  if caller == 'lost' then return {0, 'queued'} end
-  redis.call('SET', KEYS[3], 'ended-unclaimed', 'EX', ARGV[6])
-elseif caller == 'unclaimed' then
-  return {0, 'claimed'}
-elseif redis.call('EXISTS', KEYS[4]) == 1 then
-  return {0, 'owned'}
-end
-if next_seq == 0 then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], turn .. '-0',
-    'type', 'turn-started', 'data', ARGV[8], 'ts', ARGV[7])
-  next_seq = 1
-end
-local id = turn .. '-' .. next_seq
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], id,
-  'type', ARGV[9], 'data', ARGV[10], 'ts', ARGV[7])
--- The owner's mark is dropped with its turn: the terminal now bars a later claim, a copy of the
--- turn's message included (claim_turn.lua), so no key is kept per turn for the retention. A
--- mark set for a turn no worker holds stays: whatever still waits to run it (a copy in the
--- queue, a wait for a concurrency slot) asks the mark.
-if owner then redis.call('DEL', KEYS[3]) end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if #ARGV > 14 then redis.call('HSET', KEYS[1], unpack(ARGV, 15)) end
+local function count_usage()
   redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[11])
   redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[12])
   redis.call('HINCRBY', KEYS[1], 'cached_input_tokens', ARGV[13])
@@ -86,6 +51,39 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
       redis.call('HINCRBYFLOAT', KEYS[1], 'cost_usd', ARGV[14])
     end
   end
+end
+
+local turn = ARGV[1]
+local next_seq = next_seq_of(KEYS[2], turn)
+local mark = redis.call('GET', KEYS[3])
+local caller = ARGV[2]
+local owner = string.sub(caller, 1, 6) == 'owner:'
+if not next_seq then
+  if owner and mark == string.sub(caller, 7) then
+    redis.call('DEL', KEYS[3])
+    if redis.call('EXISTS', KEYS[1]) == 1 then count_usage() end
+  end
+  return {0, 'ended'}
+end
+if owner then
+  if mark ~= string.sub(caller, 7) then return {0, 'not-owner'} end
+elseif not mark then
+  if caller == 'lost' then return {0, 'queued'} end
+  redis.call('SET', KEYS[3], 'ended-unclaimed', 'EX', ARGV[6])
+elseif caller == 'unclaimed' then
+  return {0, 'claimed'}
+elseif redis.call('EXISTS', KEYS[4]) == 1 then
+  return {0, 'owned'}
+end
+local id = append_terminal(KEYS[2], turn, next_seq, ARGV[5], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
+-- The owner's mark is dropped with its turn: the terminal now bars a later claim, a copy of the
+-- turn's message included (claim_turn.lua), so no key is kept per turn for the retention. A
+-- mark set for a turn no worker holds stays: whatever still waits to run it (a copy in the
+-- queue, a wait for a concurrency slot) asks the mark.
+if owner then redis.call('DEL', KEYS[3]) end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if #ARGV > 14 then redis.call('HSET', KEYS[1], unpack(ARGV, 15)) end
+  count_usage()
   if redis.call('HGET', KEYS[1], 'current_turn') == turn then
     move(KEYS[1], ARGV[3], ARGV[4])
   end

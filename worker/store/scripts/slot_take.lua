@@ -1,12 +1,20 @@
 -- Take a concurrency slot of one credential (worker/spend/slots.py), fairly across producers.
--- KEYS: holders (zset: member -> lapses at), waiting (zset: member -> first asked), who (hash:
--- member -> producer), seen (hash: member -> last asked), caps (hash: producer -> the most
--- slots it holds at once). ARGV: member, producer, limit, now, hold backstop (s), forget a
--- waiter silent this long (s), the producer's cap (0: none but the limit).
+-- KEYS: holders (zset: holder -> lapses at), waiting (zset: member -> first asked), who (hash:
+-- member or holder -> producer), seen (hash: member -> last asked), caps (hash: producer -> the
+-- most slots it holds at once). ARGV: member, producer, limit, now, hold backstop (s), forget a
+-- waiter silent this long (s), the producer's cap (0: none but the limit), holder ('' : the
+-- member).
+-- A turn waits by its member (its place in line is the turn's, whichever copy asks) and holds
+-- by its holder, the name of the one attempt that took the slot (who['held:' .. member]): a
+-- copy of the turn that loses the claim releases its own hold, never the winner's, and a copy
+-- that asks while another copy of its turn holds a slot neither takes one nor waits in line.
 -- A producer's waiting turn beyond its cap (counting the slots it holds) waits behind every
 -- turn that may take a slot: it neither takes one nor keeps another producer's turn waiting.
--- Returns {1, 0, waiting} when the member holds a slot, else {0, its place (1 is next), waiting}.
+-- Returns {1, 0, waiting} when the holder holds a slot, else {0, its place (1 is next; 0:
+-- another copy of the turn holds a slot), waiting}.
 local now = tonumber(ARGV[4])
+local holder = ARGV[8]
+if not holder or holder == '' then holder = ARGV[1] end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local seen = redis.call('HGETALL', KEYS[4])
 for i = 1, #seen, 2 do
@@ -16,8 +24,12 @@ for i = 1, #seen, 2 do
     if not redis.call('ZSCORE', KEYS[1], seen[i]) then redis.call('HDEL', KEYS[3], seen[i]) end
   end
 end
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+if redis.call('ZSCORE', KEYS[1], holder) then
   return {1, 0, redis.call('ZCARD', KEYS[2])}
+end
+local copy = redis.call('HGET', KEYS[3], 'held:' .. ARGV[1])
+if copy and copy ~= holder and redis.call('ZSCORE', KEYS[1], copy) then
+  return {0, 0, redis.call('ZCARD', KEYS[2])}
 end
 redis.call('ZADD', KEYS[2], 'NX', now, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
@@ -58,7 +70,11 @@ local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
 if place >= 1 and place <= free and over == 0 then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
+  if holder ~= ARGV[1] then
+    redis.call('HDEL', KEYS[3], ARGV[1])
+    redis.call('HSET', KEYS[3], holder, ARGV[2], 'held:' .. ARGV[1], holder)
+  end
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), holder)
   return {1, 0, #waiting - 1}
 end
 return {0, place, #waiting}
