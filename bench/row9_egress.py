@@ -121,14 +121,9 @@ def run(bench: Bench) -> RowResult:
         return result
     import docker
 
-    from sandbox.docker.egress import (
-        LABEL_BASE_URL,
-        LABEL_HARNESS,
-        EgressConfig,
-        Endpoint,
-        render_squid_conf,
-    )
+    from sandbox.docker.egress import render_squid_conf
     from sandbox.docker.gateway import Gateway, remove_stale
+    from sandbox.network import LABEL_BASE_URL, LABEL_HARNESS, EgressConfig, Endpoint
 
     repeats = {"full": 60, "quick": 30, "smoke": 5}.get(bench.profile, 30)
     parallel = CONCURRENT if bench.profile != "smoke" else 8

@@ -99,6 +99,15 @@ class Settings(BaseSettings):
     egress_outside_network: str = "bridge"
     """Network ``egress``: the Docker network through which the gateway reaches allowed hosts."""
     egress_gateway_image: str = "harness-worker/gateway:1"
+    """The egress gateway's image; its iptables also installs network ``bridge``'s rules."""
+    bridge_isolation: bool = True
+    """Network ``bridge``: runs join a network of ours on which they reach neither each
+    other, nor this host's services, nor a private or link-local address (cloud metadata)
+    unless HARNESS_BRIDGE_ALLOW lists it; false: Docker's default bridge, where they do
+    (each such run records a warning)."""
+    bridge_allow: CommaList = ()
+    """Network ``bridge``: private or host destinations its runs may still reach, as IPv4
+    ``ADDRESS[/PREFIX][:PORT]`` (TCP): a model proxy on this host, say."""
 
     # Operator policy: what a producer may ask for ("*" allows anything)
     allowed_images: CommaList = ()
@@ -108,6 +117,10 @@ class Settings(BaseSettings):
     """Sandbox backends a producer may ask for besides HARNESS_SANDBOX (default: none)."""
     allowed_networks: CommaList = ("none", "bridge", "egress")
     allowed_executables: CommaList = ("harness-demo",)
+    allowed_base_urls: CommaList = ()
+    """Base URLs a producer may point a harness at (``--base-url``), where the harness sends
+    its granted model key: ``*``, a host (``*.example.com``: its subdomains), ``host:port`` or
+    a URL prefix (``https://host:port/path``). Default: none."""
     grants: GrantMap = Field(default_factory=lambda: dict(DEFAULT_GRANTS))
     """Per harness, the grant names a producer may ask for: ``harness=A|B;harness2=C``."""
     max_memory: str = Field("8g", pattern=r"^[0-9]+[bkmg]?$")
@@ -259,8 +272,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9540, ge=0, le=65535)
     """Port of the worker's Prometheus endpoint (0: off). Several workers on one machine
     need one port each; in containers every worker can keep the default."""
-    metrics_addr: str = "0.0.0.0"
-    """Address the metrics endpoint listens on (127.0.0.1: this machine only)."""
+    metrics_addr: str = "127.0.0.1"
+    """Address the metrics endpoint listens on: this machine only by default (0.0.0.0: every
+    interface, for a Prometheus elsewhere; keep that port away from the runs' networks)."""
     log_format: Literal["auto", "json", "text"] = "auto"
     """Worker log lines: json, text (key=value), or auto (json unless stderr is a terminal)."""
     harness_telemetry: bool = False
@@ -321,6 +335,8 @@ class Settings(BaseSettings):
         "allowed_sandboxes",
         "allowed_networks",
         "allowed_executables",
+        "allowed_base_urls",
+        "bridge_allow",
         "harness_queues",
         "repo_schemes",
         "repo_hosts",

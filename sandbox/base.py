@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 NetworkPolicy = Literal["none", "bridge", "host", "egress"]
-"""``egress``: only the hosts of the run's allowlist, through the egress gateway
-(:mod:`sandbox.docker.egress`)."""
+"""``bridge``: the internet, but neither other runs, nor the host, nor private addresses
+unless policy lists them; ``egress``: only the hosts of the run's allowlist, through the
+egress gateway; ``host``: the host's own network (:mod:`sandbox.network`)."""
 
 
 class SandboxError(Exception):
@@ -400,5 +401,6 @@ class Egress(Protocol):
         Raises the :class:`SandboxError` tree."""
 
     def reap_gateway(self) -> str | None:
-        """The reaper's care of the gateway: replaced when unhealthy or stopped. What was
-        done, or None. Raises the :class:`SandboxError` tree."""
+        """The reaper's care of what confines the runs' networks: the gateway replaced when
+        unhealthy or stopped, isolation rules put back when missing. What was done, or None.
+        Raises the :class:`SandboxError` tree."""

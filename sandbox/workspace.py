@@ -31,6 +31,22 @@ def safe_name(value: str, what: str) -> str:
     return value
 
 
+def parse_user(user: str) -> tuple[int, int]:
+    """The uid and gid of a container user (``uid`` or ``uid:gid``), who owns its workspace;
+    SandboxError for anything else, root included."""
+    uid_text, _, gid_text = user.partition(":")
+    try:
+        uid = int(uid_text)
+        gid = int(gid_text) if gid_text else uid
+    except ValueError:
+        raise SandboxError(
+            f"invalid container user {user!r}: use a numeric uid or uid:gid such as 1000:1000"
+        ) from None
+    if uid == 0 or gid == 0:
+        raise SandboxError(f"refusing to run the harness as root (user {user!r})")
+    return uid, gid
+
+
 def workspace_dir(root: Path, run_id: str, workspace_key: str | None = None) -> Path:
     """The run's workspace: durable when it has a workspace key, else its own."""
     if workspace_key:

@@ -14,7 +14,7 @@ from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
 from worker.app import turn_sender
 from worker.deps import Shutdown, TurnDeps
-from worker.options.policy import egress_config
+from worker.options.policy import bridge_config, egress_config
 from worker.store.keys import Keys
 from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
@@ -30,6 +30,7 @@ def make_sandbox(backend: str, settings: Settings) -> Sandbox:
 
         return LocalSandbox(root / "local")
     if backend == "docker":
+        # The one place the worker names the Docker backend (tests/unit/test_layout.py).
         from sandbox.docker.sandbox import DockerSandbox
 
         docker_sandbox: Sandbox = DockerSandbox(
@@ -38,6 +39,7 @@ def make_sandbox(backend: str, settings: Settings) -> Sandbox:
             scope=settings.key_prefix,
             warm_pool=settings.warm_pool,
             egress=egress_config(settings),
+            bridge=bridge_config(settings),
         )
         return docker_sandbox
     raise SandboxError(f"unknown sandbox backend {backend!r}")

@@ -2,11 +2,12 @@
 
 Hardening, from the :class:`~sandbox.base.RunSpec`: a non-root numeric user, every capability
 dropped, ``no-new-privileges``, a read-only root with a tmpfs ``/tmp`` owned by that user,
-pids, memory (swap included) and CPU limits, and the network policy (``none``, ``bridge``,
-``host``, or ``egress``: only the egress network, whose gateway allows the run's allowlist,
-see :mod:`sandbox.docker.egress`). Never privileged; the only host path in the container is the
-run's workspace, bind-mounted at ``/workspace`` and owned by the container user; HOME is
-``/workspace/.home``.
+pids, memory (swap included) and CPU limits, and the network policy (``none``; ``bridge``:
+a network of ours that keeps runs from each other, the host and private addresses, see
+:mod:`sandbox.docker.isolation`; ``host``; or ``egress``: only the egress network, whose
+gateway allows the run's allowlist, see :mod:`sandbox.docker.egress`). Never privileged;
+the only host path in the container is the run's workspace, bind-mounted at ``/workspace``
+and owned by the container user; HOME is ``/workspace/.home``.
 The container is kept alive between turns by ``sleep infinity`` under Docker's init
 (``init=True``, which also reaps orphaned harness children).
 
@@ -47,10 +48,12 @@ from sandbox.base import (
     SandboxUnavailable,
     StartFailed,
 )
-from sandbox.docker.egress import EgressConfig, proxy_environment
+from sandbox.docker.egress import proxy_environment
 from sandbox.docker.execs import ExecTransport, Seam
+from sandbox.docker.isolation import BridgeGuard
 from sandbox.docker.scripts import memory_events_argv, oom_kill_count
-from sandbox.workspace import make_owned_workspace, safe_name
+from sandbox.network import EgressConfig
+from sandbox.workspace import make_owned_workspace, parse_user, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -88,24 +91,16 @@ def docker_placement(run_id: str, container_id: str) -> Placement:
     return Placement("docker", run_id, WORKSPACE, HOME, container_id=container_id)
 
 
-def parse_user(user: str) -> tuple[int, int]:
-    uid_text, _, gid_text = user.partition(":")
-    try:
-        uid = int(uid_text)
-        gid = int(gid_text) if gid_text else uid
-    except ValueError:
-        raise SandboxError(
-            f"invalid container user {user!r}: use a numeric uid or uid:gid such as 1000:1000"
-        ) from None
-    if uid == 0 or gid == 0:
-        raise SandboxError(f"refusing to run the harness as root (user {user!r})")
-    return uid, gid
-
-
 def create_args(
-    spec: RunSpec, workspace: Path, scope: str, egress: EgressConfig | None = None
+    spec: RunSpec,
+    workspace: Path,
+    scope: str,
+    egress: EgressConfig | None = None,
+    bridge: str | None = None,
 ) -> dict[str, Any]:
-    """The keyword arguments of ``containers.create`` for the run's container."""
+    """The keyword arguments of ``containers.create`` for the run's container. ``bridge``:
+    the Docker network of network ``bridge``'s runs (:mod:`sandbox.docker.isolation`; None:
+    Docker's default bridge)."""
     labels = {
         **{str(k): str(v) for k, v in spec.labels.items()},
         LABEL_MANAGED: "true",
@@ -124,6 +119,8 @@ def create_args(
         "mounts": [Mount(target=WORKSPACE, source=str(workspace), type="bind")],
         **hardened(spec),
     }
+    if spec.network == "bridge" and bridge:
+        args["network_mode"] = bridge
     if spec.network == "egress":
         if egress is None:
             raise SandboxError(
@@ -205,8 +202,10 @@ class RunContainers:
         seam: Seam,
         execs: ExecTransport,
         egress: EgressConfig | None = None,
+        bridge: BridgeGuard | None = None,
     ) -> None:
         self._egress = egress
+        self._bridge = bridge
         self._root = root
         self._scope = scope
         self._client = client
@@ -279,13 +278,26 @@ class RunContainers:
                 raise ImageMissing(
                     f"image {spec.image} is not on this Docker host", hint=BUILD_HINT
                 ) from None
+        bridge = None
+        if spec.network == "bridge" and self._bridge is not None:
+            self._bridge.ensure()
+            bridge = self._bridge.network_name
         workspace, created_workspace, fresh_home = self.make_workspace(spec)
         container: Any = None
         try:
             with self._seam("create the run's container", run_id=spec.run_id, image=spec.image):
                 try:
                     container = client.containers.create(
-                        **create_args(spec, workspace, self._scope, self._egress)
+                        **create_args(spec, workspace, self._scope, self._egress, bridge)
+                    )
+                except docker.errors.NotFound:
+                    if bridge is None or self._bridge is None:
+                        raise
+                    # The network was removed since this process made or found it.
+                    self._bridge.forget()
+                    self._bridge.ensure()
+                    container = client.containers.create(
+                        **create_args(spec, workspace, self._scope, self._egress, bridge)
                     )
                 except docker.errors.APIError as exc:
                     if exc.status_code != 409:

@@ -25,172 +25,24 @@ One gateway per Docker host and scope, shared by every egress run there:
 - **Denials** are read back from the gateway's log for one client address and time window
   (:func:`parse_denial`): squid's ``TCP_DENIED`` lines, rejected packets, DNS queries.
 
-This module is the model (policy, squid's configuration, the parsing of its log), pure and
-without the Docker SDK (the producer's client imports it); the gateway on a Docker host is
-:mod:`sandbox.docker.gateway`.
+The policy itself (endpoints, allowlists, the labels naming a run's) is
+:mod:`sandbox.network`; this module renders it for squid and parses the gateway's log, pure and
+without the Docker SDK; the gateway on a Docker host is :mod:`sandbox.docker.gateway`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from sandbox.base import Denial
+from sandbox.network import PRIVATE_RANGES, EgressConfig, Endpoint, is_ip, split_target
 
-GATEWAY_IMAGE = "harness-worker/gateway:1"
 LABEL_GATEWAY = "harness.egress_gateway"
 """On the gateway container: the scope it serves."""
-LABEL_HARNESS = "harness.egress_harness"
-"""On a run's container: its harness, whose allowlist (operator policy) the gateway applies."""
-LABEL_BASE_URL = "harness.egress_base_url"
-"""On a run's container: the ``host:port`` of its producer's ``--base-url`` (may be empty),
-allowed when policy allows producer endpoints."""
 LABEL_CONFIG = "harness.egress_config"
 """On the gateway container: a hash of the settings it was created with (a change recreates it)."""
 BUILD_HINT = "run scripts/build-images --only gateway to build the egress gateway image"
-
-PRIVATE_RANGES: tuple[str, ...] = (
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.0.0.0/24",
-    "192.168.0.0/16",
-    "198.18.0.0/15",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-    "::/127",
-    "fc00::/7",
-    "fe80::/10",
-    "ff00::/8",
-)
-"""Destinations the gateway refuses unless policy pins the name to them (RFC 6890 ranges:
-private, loopback, link-local (cloud metadata), shared, multicast, reserved)."""
-
-_NAME = re.compile(
-    r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-)
-
-
-@dataclass(frozen=True, order=True)
-class Endpoint:
-    """One allowed destination: a host name (or an IP literal) and a port."""
-
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> Endpoint:
-        """``host:port`` (``[v6]:port`` for an IPv6 literal); the port is required.
-
-        Raises ``ValueError`` for anything else: a malformed setting or option (the caller's
-        to report as such), not a sandbox fault, so not of the ``SandboxError`` tree."""
-        value = text.strip()
-        host, sep, port_text = value.rpartition(":")
-        if not sep or not port_text.isdigit():
-            raise ValueError(f"egress endpoint {value[:80]!r} needs a port: use host:port")
-        port = int(port_text)
-        if not 0 < port < 65536:
-            raise ValueError(f"egress endpoint {value[:80]!r}: port out of range")
-        host = host.strip("[]").lower().rstrip(".")
-        if not _is_ip(host) and not _NAME.match(host):
-            raise ValueError(f"egress endpoint {value[:80]!r}: not a host name or an IP address")
-        return cls(host, port)
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
-    """A comma-separated list of ``host:port`` (empty text: none), sorted, without repeats."""
-    return tuple(sorted({Endpoint.parse(p) for p in text.split(",") if p.strip()}))
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class EgressConfig:
-    """The operator's egress settings for one Docker host (from ``HARNESS_EGRESS_*``)."""
-
-    scope: str = "default"
-    network: str = "harness-egress"
-    """The Docker network of egress runs (suffixed with the scope)."""
-    subnet: str = "172.30.240.0/24"
-    """Its subnet: ``.1`` is the gateway's route address, ``.2`` its own."""
-    outside_network: str = "bridge"
-    """The network through which the gateway reaches allowed hosts."""
-    image: str = GATEWAY_IMAGE
-    port: int = 3128
-    hosts: Mapping[str, str] = field(default_factory=dict)
-    """Names pinned to addresses (the gateway's hosts file). A pinned name may be private."""
-    resolvers: tuple[str, ...] = ()
-    """DNS servers the gateway uses for names it resolves; empty: the gateway's own."""
-    memory: str = "256m"
-    allow: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=dict)
-    """Per harness, the endpoints its runs may reach (operator policy)."""
-    allow_base_url: bool = False
-    """Whether a run's producer-supplied base URL endpoint is allowed too."""
-
-    def allowlist(self, harness: str, base_url: str | None = None) -> tuple[Endpoint, ...]:
-        """What a run of ``harness`` may reach: its harness's endpoints, plus the endpoint of
-        its base URL (``host:port``) when policy allows producer endpoints."""
-        endpoints = set(self.allow.get(harness, ()))
-        if base_url and self.allow_base_url:
-            endpoints.add(Endpoint.parse(base_url))
-        return tuple(sorted(endpoints))
-
-    @property
-    def network_name(self) -> str:
-        return f"{self.network}-{self.scope}"
-
-    @property
-    def container_name(self) -> str:
-        return f"harness-egress-gateway-{self.scope}"
-
-    @property
-    def router_ip(self) -> str:
-        return str(ipaddress.ip_network(self.subnet)[1])
-
-    @property
-    def inside_ip(self) -> str:
-        return str(ipaddress.ip_network(self.subnet)[2])
-
-    @property
-    def proxy_url(self) -> str:
-        return f"http://{self.router_ip}:{self.port}"
-
-    def fingerprint(self) -> str:
-        """What the gateway container is created from (not the allowlists: those reload)."""
-        text = repr(
-            (self.subnet, self.outside_network, self.image, self.port, self.memory, self.resolvers)
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def base_url_endpoint(url: str | None) -> str | None:
-    """``host:port`` of a base URL (the scheme's port when none is given), or None."""
-    if not url:
-        return None
-    scheme, sep, _ = url.partition("://")
-    if not sep:
-        return None
-    host, port = _split_target(url, "GET")
-    if port is None:
-        port = {"http": 80, "https": 443}.get(scheme.lower())
-    if not host or port is None:
-        return None
-    return str(Endpoint(host, port))
 
 
 def proxy_environment(config: EgressConfig) -> dict[str, str]:
@@ -276,8 +128,8 @@ def render_squid_conf(config: EgressConfig, clients: Mapping[str, Iterable[Endpo
         for port, hosts in sorted(by_port.items()):
             acl = f"g{index}p{port}"
             lines.append(f"acl {acl}_port port {port}")
-            names = [h for h in hosts if not _is_ip(h)]
-            ips = [h for h in hosts if _is_ip(h)]
+            names = [h for h in hosts if not is_ip(h)]
+            ips = [h for h in hosts if is_ip(h)]
             if names:
                 lines.append(f"acl {acl}_name dstdomain -n {' '.join(sorted(names))}")
                 # An allowed name that resolves to a private address is refused, unless
@@ -328,7 +180,7 @@ def parse_denial(line: str) -> Denial | None:
         if len(parts) < 7 or not parts[5].startswith("TCP_DENIED"):
             return None
         at, client, method, url = parts[0], parts[1], parts[2], parts[3]
-        host, port = _split_target(url, method)
+        host, port = split_target(url, method)
         try:
             when: float | None = float(at)
         except ValueError:
@@ -345,23 +197,3 @@ def parse_denial(line: str) -> Denial | None:
     if query:
         return Denial(query.group(3), query.group(2).lower(), 53, "dns", "dns-lookup")
     return None
-
-
-def _split_target(url: str, method: str) -> tuple[str, int | None]:
-    """Host and port of a request line's target: ``host:port`` (CONNECT) or an absolute URL."""
-    rest = url
-    default = 443 if method == "CONNECT" else None
-    if "://" in rest:
-        scheme, rest = rest.split("://", 1)
-        default = {"http": 80, "https": 443}.get(scheme.lower(), default)
-        rest = rest.split("/", 1)[0]
-    rest = rest.rsplit("@", 1)[-1]
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        port_text = tail.lstrip(":")
-    else:
-        host, sep, port_text = rest.rpartition(":")
-        if not sep:
-            host, port_text = rest, ""
-    port = int(port_text) if port_text.isdigit() else default
-    return host.lower(), port

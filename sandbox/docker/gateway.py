@@ -1,6 +1,6 @@
 """The egress gateway on a Docker host: its network, its container, its configuration, what
-it refused. The model (policy, squid's configuration, log parsing) is :mod:`sandbox.docker.egress`,
-which needs no Docker SDK (the producer's client imports it)."""
+it refused. The policy is :mod:`sandbox.network`; squid's configuration and the parsing of the
+gateway's log are :mod:`sandbox.docker.egress`."""
 
 from __future__ import annotations
 
@@ -20,16 +20,13 @@ from sandbox.base import Denial, SandboxError
 from sandbox.docker.container import made_by_another
 from sandbox.docker.egress import (
     BUILD_HINT,
-    LABEL_BASE_URL,
     LABEL_CONFIG,
     LABEL_GATEWAY,
-    LABEL_HARNESS,
-    EgressConfig,
-    Endpoint,
     parse_denial,
     render_hosts,
     render_squid_conf,
 )
+from sandbox.network import LABEL_BASE_URL, LABEL_HARNESS, EgressConfig, Endpoint
 
 log = logging.getLogger(__name__)
 

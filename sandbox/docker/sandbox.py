@@ -67,18 +67,19 @@ from sandbox.docker.container import (
     BUILD_HINT,
     RunContainers,
     container_name,
+    hardened,
     label_lease,
-    parse_user,
 )
-from sandbox.docker.egress import EgressConfig
 from sandbox.docker.execs import GONE_HINT, DockerProcess, ExecTransport
 from sandbox.docker.gateway import Gateway
+from sandbox.docker.isolation import BridgeGuard
 from sandbox.docker.placements import KnownPlacements
 from sandbox.docker.stream import DaemonRefused, RawEndpoint
 from sandbox.docker.warm_pool import POOL_PREFIX, ContainerPool
+from sandbox.network import BridgeConfig, EgressConfig
 from sandbox.procs import parse_processes, processes_argv
 from sandbox.store.snapshots import SnapshotStore
-from sandbox.workspace import LeaseFiles, safe_name, workspace_dir
+from sandbox.workspace import LeaseFiles, parse_user, safe_name, workspace_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class DockerSandbox:
         scope: str = "default",
         warm_pool: int = 0,
         egress: EgressConfig | None = None,
+        bridge: BridgeConfig | None = None,
     ) -> None:
         self.root = Path(root)
         self.scope = safe_name(scope, "scope")
@@ -117,8 +119,12 @@ class DockerSandbox:
         self._client_lock = threading.Lock()
         self._client_obj: Any = None
         self._execs = ExecTransport(self._client, self._seam, raw, api_timeout)
+        bridge = bridge or BridgeConfig()
+        self.bridge = BridgeGuard(bridge, self._client, self._seam) if bridge.isolate else None
+        """Network ``bridge``'s network of ours and its rules (None: Docker's default bridge,
+        by the operator's choice)."""
         self._containers = RunContainers(
-            self.root, self.scope, self._client, self._seam, self._execs, egress
+            self.root, self.scope, self._client, self._seam, self._execs, egress, self.bridge
         )
         self.egress = Gateway(egress, self._client, self._seam) if egress else None
         """The egress gateway of this daemon (network ``egress``), when configured."""
@@ -150,6 +156,11 @@ class DockerSandbox:
         with self._seam("ping the daemon"):
             self._client().ping()
 
+    def hardened(self, spec: RunSpec) -> dict[str, Any]:
+        """The create arguments that harden every container of ours (``harness doctor``'s
+        probe starts one like a run's)."""
+        return hardened(spec)
+
     def image_exists(self, image: str) -> bool:
         with self._seam("look up an image", image=image):
             try:
@@ -177,6 +188,8 @@ class DockerSandbox:
         if spec.network == "egress":
             return self._prepare_egress(spec)
         parse_user(spec.user)
+        if spec.network == "bridge" and self.bridge is not None:
+            self.bridge.ensure()  # before a container of the run (or the pool) joins it
         with self._seam("find the run's container", run_id=spec.run_id):
             existing = self._find(spec.run_id)
         if existing is not None:
@@ -214,10 +227,14 @@ class DockerSandbox:
         return placement, new
 
     def reap_gateway(self) -> str | None:
-        """The reaper's care of this daemon's egress gateway (:meth:`Gateway.reap`)."""
-        if self.egress is None:
-            return None
-        return self.egress.reap()
+        """The reaper's care of this daemon's egress gateway (:meth:`Gateway.reap`) and of
+        network ``bridge``'s rules (:meth:`BridgeGuard.recheck`)."""
+        done = []
+        if self.egress is not None:
+            done.append(self.egress.reap())
+        if self.bridge is not None:
+            done.append(self.bridge.recheck())
+        return "; ".join(d for d in done if d) or None
 
     def network_denials(
         self, run_id: str, since: float, until: float | None = None

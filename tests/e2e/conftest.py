@@ -415,6 +415,8 @@ def deployment(
         HARNESS_EGRESS_SUBNET=subnet,
         HARNESS_EGRESS_HOSTS=f"{MODEL_NAME}={TEST_HOST},{FORBIDDEN_NAME}={TEST_HOST}",
         HARNESS_EGRESS_ALLOW_BASE_URL="true",
+        # The harnesses' --base-url is the fake model, on any port (operator policy).
+        HARNESS_ALLOWED_BASE_URLS=MODEL_NAME,
         HARNESS_GRANTS=GRANTS,
         HARNESS_RETENTION_S="3600",
         HARNESS_CONCURRENCY="4",

@@ -12,8 +12,9 @@ from typing import Any
 import docker
 import pytest
 
-from sandbox.docker.egress import LABEL_CONFIG, EgressConfig
+from sandbox.docker.egress import LABEL_CONFIG
 from sandbox.docker.gateway import Gateway, remove_stale
+from sandbox.network import EgressConfig
 from tests.integration.docker_fixtures import ensure_images, require_docker
 
 pytestmark = [pytest.mark.docker]

@@ -30,9 +30,9 @@ import pytest
 
 from sandbox.base import RunSpec
 from sandbox.docker.container import container_name
-from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, EgressConfig, Endpoint
 from sandbox.docker.gateway import remove_stale
 from sandbox.docker.sandbox import DockerSandbox
+from sandbox.network import LABEL_BASE_URL, LABEL_HARNESS, EgressConfig, Endpoint
 from tests.integration.docker_fixtures import ensure_images
 
 pytestmark = [pytest.mark.docker]

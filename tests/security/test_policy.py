@@ -79,11 +79,13 @@ def test_host_network_refused_until_the_operator_enables_it() -> None:
 
 def test_egress_base_url_refused_unless_allowlisted_or_producer_endpoints_allowed() -> None:
     options = RunOptions(harness="pi", network="egress", base_url="https://llm.internal:8443/v1")
+    # Allowed as a base URL (tests/security/test_base_url_policy.py), then reachable or not.
+    allowed = "https://llm.internal:8443"
     with pytest.raises(InvalidInput, match="HARNESS_EGRESS_ALLOW_BASE_URL"):
-        resolve(options, settings())
-    listed = settings(egress_allow="pi=llm.internal:8443")
+        resolve(options, settings(allowed_base_urls=allowed))
+    listed = settings(egress_allow="pi=llm.internal:8443", allowed_base_urls=allowed)
     assert resolve(options, listed).network == "egress"
-    producer = settings(egress_allow_base_url=True)
+    producer = settings(egress_allow_base_url=True, allowed_base_urls=allowed)
     assert resolve(options, producer).network == "egress"
     assert egress_allowlist(producer, "pi", options.base_url) == ["llm.internal:8443"]
     assert egress_allowlist(settings(), "claude-code", None) == ["api.anthropic.com:443"]

@@ -7,15 +7,17 @@ from __future__ import annotations
 import pytest
 
 from sandbox.docker.egress import (
+    parse_denial,
+    proxy_environment,
+    render_hosts,
+    render_squid_conf,
+)
+from sandbox.network import (
     PRIVATE_RANGES,
     EgressConfig,
     Endpoint,
     base_url_endpoint,
-    parse_denial,
     parse_endpoints,
-    proxy_environment,
-    render_hosts,
-    render_squid_conf,
 )
 
 

@@ -129,6 +129,8 @@ RULES: dict[str, Rule] = {
     "adapters": Rule(frozenset({"adapters"}), frozenset({"pydantic", "pydantic_core", "orjson"})),
     # The boundary knows nothing but itself.
     "sandbox/base.py": Rule(frozenset()),
+    # What a run may reach: policy shared by the worker and the backends, pure.
+    "sandbox/network.py": Rule(frozenset()),
     # Small shared helpers of the backends (the lowest, small_files and threads, import none
     # of ours).
     "sandbox": Rule(frozenset({"sandbox.base", "sandbox.small_files", "sandbox.threads"})),
@@ -136,7 +138,9 @@ RULES: dict[str, Rule] = {
     "sandbox/identity.py": Rule(frozenset({"sandbox.base"}), frozenset({"docker", "requests"})),
     # A backend: the boundary, the shared helpers and the store; never the other backend.
     "sandbox/local.py": Rule(BACKEND),
-    "sandbox/docker": Rule(BACKEND | {"sandbox.docker"}, frozenset({"docker", "requests"})),
+    "sandbox/docker": Rule(
+        BACKEND | {"sandbox.docker", "sandbox.network"}, frozenset({"docker", "requests"})
+    ),
     # The workspace store knows no backend.
     "sandbox/store": Rule(
         frozenset({"sandbox.base", "sandbox.small_files", "sandbox.workspace", "sandbox.store"})
@@ -344,6 +348,42 @@ WORKER_LAYERS: tuple[frozenset[str], ...] = (
 )
 CELERY_ROOMS = frozenset({"app", "broker", "runtime", "tasks", "client", "cli"})
 """The rooms that may import celery or kombu (the Celery layer and the producers)."""
+
+
+BACKEND_COMPOSER = ROOT / "worker" / "runtime.py"
+"""The one module of the worker that names a sandbox backend's own modules (it builds the
+backend); every other one goes through the boundary (``sandbox.base``, ``sandbox.network``,
+``sandbox.workspace``, the store)."""
+BACKEND_MODULES = ("sandbox.docker", "sandbox.local")
+
+
+def _backend_imports(path: Path) -> list[str]:
+    return sorted(
+        m for m in _imports(path) if any(m == b or m.startswith(b + ".") for b in BACKEND_MODULES)
+    )
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "worker").rglob("*.py")), ids=_rel)
+def test_the_worker_names_a_backend_only_where_it_builds_one(path: Path) -> None:
+    if path == BACKEND_COMPOSER:
+        assert _backend_imports(path), "worker/runtime.py builds the backends: it imports them"
+        return
+    bad = _backend_imports(path)
+    assert not bad, f"{_rel(path)} imports {bad}: only {_rel(BACKEND_COMPOSER)} may"
+
+
+def test_the_backend_check_sees_a_lazy_import_of_the_docker_backend(tmp_path: Path) -> None:
+    probe = tmp_path / "worker" / "probe.py"
+    probe.parent.mkdir()
+    probe.write_text(
+        "def f():\n    from sandbox.docker.container import parse_user\n"
+        "    from sandbox.network import egress_labels\n"
+    )
+    found = sorted(m for m in _imports(probe, root=tmp_path) if m.startswith("sandbox"))
+    assert [m for m in found if m.startswith("sandbox.docker")] == [
+        "sandbox.docker.container",
+        "sandbox.docker.container.parse_user",
+    ]
 
 
 def _room(path: Path) -> str:

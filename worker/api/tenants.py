@@ -8,8 +8,8 @@ stops working at the next request, without a restart.
 
 A tenant's policy only narrows the operator's (:func:`apply_policy` runs before the
 client's own policy check, which still applies in full): harnesses, images, grants,
-networks, tool sets and MCP servers it may ask for, ceilings on each run's budget, and how
-many of a limited key's concurrency slots (``HARNESS_KEY_SLOTS``) its runs hold at once
+networks, base URLs, tool sets and MCP servers it may ask for, ceilings on each run's budget,
+and how many of a limited key's concurrency slots (``HARNESS_KEY_SLOTS``) its runs hold at once
 (``key_slots``: the run carries it, the slot script counts the tenant's holders).
 """
 
@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from config import Settings, SettingsError
 from worker.errors import InvalidInput
+from worker.options.base_urls import parse_allowance
+from worker.options.policy import check_base_url
 from worker.options.spec import ENV_NAME
 
 TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -52,6 +54,9 @@ class TenantPolicy(BaseModel):
     networks: tuple[str, ...] | None = None
     tools: tuple[str, ...] | None = None
     mcp: tuple[str, ...] | None = None
+    base_urls: tuple[str, ...] | None = None
+    """Base URLs its runs may name (entries as HARNESS_ALLOWED_BASE_URLS', which still
+    bounds them)."""
     max_cost_usd: float | None = Field(default=None, gt=0)
     max_tokens: int | None = Field(default=None, gt=0)
     max_turns: int | None = Field(default=None, gt=0)
@@ -59,6 +64,13 @@ class TenantPolicy(BaseModel):
     key_slots: dict[str, int] | None = None
     """Per limited grant, the most of its key's slots the tenant's runs hold at once (the
     operator's HARNESS_KEY_SLOTS limit still bounds it)."""
+
+    @field_validator("base_urls")
+    @classmethod
+    def _base_urls(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for entry in value or ():
+            parse_allowance(entry)
+        return value
 
     @field_validator("key_slots")
     @classmethod
@@ -255,6 +267,9 @@ def apply_policy(
         for name in options.get(field) or ():
             if not isinstance(name, str) or not _within(name, allowed):
                 raise _refuse(f"{field} {name!r}", tenant)
+    base_url = options.get("base_url")
+    if policy.base_urls is not None and isinstance(base_url, str):
+        check_base_url(base_url, policy.base_urls, f"tenant {tenant.name}'s policy base_urls")
     result = dict(options)
     if policy.key_slots:
         granted = set(options.get("grants") or ())

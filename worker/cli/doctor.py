@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 from rich.console import Console
 from rich.text import Text
@@ -39,11 +39,7 @@ from sandbox.base import (
     NetworkPolicy,
     RunSpec,
 )
-from sandbox.docker.container import hardened
 from worker.options.policy import memory_bytes
-
-if TYPE_CHECKING:
-    from sandbox.docker.gateway import Gateway
 
 # The password of a URL's user part runs to the last "@" before the path: "p@ss" unencoded
 # is masked whole. Redis also takes a password in the query string.
@@ -200,15 +196,29 @@ def _docker_client(settings: Settings) -> Any:
     return from_env(timeout=60)
 
 
+class _Gateway(Protocol):
+    def ensure(self) -> None: ...
+
+    def health(self) -> str: ...
+
+
+class _BridgeGuard(Protocol):
+    def ensure(self) -> str: ...
+
+
 class _DockerBackend(Protocol):
     """What doctor asks of the docker backend besides the Sandbox protocol: is the daemon
-    there, is an image on it, and its egress gateway."""
+    there, is an image on it, how it hardens a container, its egress gateway and network
+    ``bridge``'s guard."""
 
-    egress: Gateway | None
+    egress: _Gateway | None
+    bridge: _BridgeGuard | None
 
     def ping(self) -> None: ...
 
     def image_exists(self, image: str) -> bool: ...
+
+    def hardened(self, spec: RunSpec) -> dict[str, Any]: ...
 
 
 def _docker_backend(settings: Settings) -> _DockerBackend:
@@ -251,6 +261,8 @@ def _docker(settings: Settings) -> list[Check]:
             users.setdefault(image, []).append(harness)
     present_images = {image: sandbox.image_exists(image) for image in users}
     checks.append(_network(settings, present_images, needed))
+    if settings.network == "bridge":
+        checks.append(bridge_check(settings, needed))
     pins = _repo_pins()
     for image, harnesses in sorted(users.items()):
         present = present_images[image]
@@ -324,6 +336,27 @@ def egress_check(settings: Settings, needed: bool = True) -> Check:
         f"{state}, proxy {config.proxy_url} on {config.network_name} ({config.subnet}); "
         f"allowed: {allowed}; {producer}",
     )
+
+
+def bridge_check(settings: Settings, needed: bool = True) -> Check:
+    """Network ``bridge``'s isolation on this Docker host: its network and the host's rules,
+    made (as a worker would) and in place."""
+    from sandbox.base import SandboxError
+
+    name = "network bridge isolation"
+    guard = _docker_backend(settings).bridge
+    if guard is None:
+        return warn(
+            name,
+            "off (HARNESS_BRIDGE_ISOLATION=false): runs on bridge reach each other and this "
+            "host's services",
+            "set HARNESS_BRIDGE_ISOLATION=true (dockerd must keep its iptables rules)",
+        )
+    try:
+        detail = guard.ensure()
+    except SandboxError as exc:
+        return Check(name, not needed, str(exc), exc.hint, level="fail" if needed else "warn")
+    return Check(name, True, detail)
 
 
 def probe_image_for(present_images: dict[str, bool]) -> str | None:
@@ -418,7 +451,7 @@ def _probe_args(
             LABEL_LEASE: f"{time.time() + 2 * NETWORK_PROBE_TIMEOUT_S:.0f}",
             LABEL_DOCTOR_PROBE: "true",
         },
-        **hardened(spec),
+        **_docker_backend(settings).hardened(spec),
     }
 
 

@@ -220,8 +220,10 @@ def reaped(backend: str) -> None:
     CONTAINERS_REAPED.labels(backend).inc()
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> bool:
-    """Serve ``/metrics`` on ``addr:port`` from a daemon thread. Port 0 means off.
+def serve(port: int, addr: str = "127.0.0.1") -> bool:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread. Port 0 means off. This
+    machine only unless HARNESS_METRICS_ADDR says wider (a run on network ``host`` shares
+    this machine's loopback: such runs are the operator's explicit choice).
 
     A port already in use (several workers on one machine with the same setting) is logged
     and the worker runs on without metrics: give each worker its own HARNESS_METRICS_PORT.

@@ -14,12 +14,13 @@ from typing import Any
 import adapters
 from adapters.protocol import Capabilities, TurnRequest
 from config import Settings
-from sandbox.docker.egress import EgressConfig, Endpoint, base_url_endpoint
+from sandbox.network import BridgeConfig, Destination, EgressConfig, Endpoint, base_url_endpoint
 from sandbox.store.seeding import SeedError, check_repo_url
 from worker.errors import InvalidInput
 from worker.options.attachments import AttachmentLimits
+from worker.options.base_urls import PolicyEntryError, base_url_allowed
 from worker.options.output_schema import check_output_schema
-from worker.options.spec import RunOptions
+from worker.options.spec import RunOptions, shown
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ def _image_allowed(image: str, harness: str, allowed: tuple[str, ...]) -> bool:
 def resolve(options: RunOptions, settings: Settings) -> Resolved:
     """Apply operator policy to a producer's options, or raise InvalidInput naming the rule."""
     sandbox, image = _sandbox_and_image(options, settings)
+    check_base_url(
+        options.base_url, settings.allowed_base_urls, "operator policy HARNESS_ALLOWED_BASE_URLS"
+    )
     network = _network(options, settings)
     executable = _executable(options, settings)
     _check_grants(options, settings)
@@ -96,6 +100,8 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
                 f"--repo: {exc} (operator policy HARNESS_REPO_SCHEMES, HARNESS_REPO_HOSTS)"
             ) from None
     warnings = capability_warnings(options)
+    if sandbox == "docker" and network == "bridge" and not settings.bridge_isolation:
+        warnings += (UNISOLATED_BRIDGE,)
     check_posture(options, settings)
     return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
 
@@ -121,6 +127,29 @@ def _sandbox_and_image(options: RunOptions, settings: Settings) -> tuple[str, st
     if sandbox == "docker" and not image:
         raise InvalidInput(f"no image is configured for {harness} (HARNESS_IMAGES)")
     return sandbox, image
+
+
+UNISOLATED_BRIDGE = (
+    "network bridge is not isolated on this worker (HARNESS_BRIDGE_ISOLATION=false): the run "
+    "shares Docker's default bridge and can reach other runs and this host's services"
+)
+
+
+def check_base_url(url: str | None, allowed: tuple[str, ...], rule: str) -> None:
+    """Refuse a base URL that ``allowed`` (a policy's entries, docs/security.md) does not
+    admit, naming ``rule``: the one check of the operator's policy (client and worker, by
+    :func:`resolve`) and of a tenant's (the API). A harness sends its model credential
+    there, whatever the network."""
+    if url is None:
+        return
+    try:
+        ok = base_url_allowed(url, allowed)
+    except PolicyEntryError as exc:
+        raise InvalidInput(f"--base-url refused: {rule} has an invalid {exc}") from None
+    except ValueError as exc:
+        raise InvalidInput(f"--base-url {shown(url)} refused: {exc} ({rule})") from None
+    if not ok:
+        raise InvalidInput(f"--base-url {shown(url)} is not allowed ({rule})")
 
 
 def _network(options: RunOptions, settings: Settings) -> str:
@@ -225,6 +254,15 @@ def egress_config(settings: Settings) -> EgressConfig:
             for harness, hosts in settings.egress_allow.items()
         },
         allow_base_url=settings.egress_allow_base_url,
+    )
+
+
+def bridge_config(settings: Settings) -> BridgeConfig:
+    """Network ``bridge``'s settings (``HARNESS_BRIDGE_*``) from operator policy."""
+    return BridgeConfig(
+        isolate=settings.bridge_isolation,
+        allow=tuple(Destination.parse(d) for d in settings.bridge_allow),
+        guard_image=settings.egress_gateway_image,
     )
 
 

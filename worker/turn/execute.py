@@ -42,7 +42,7 @@ from sandbox.base import (
     Sandbox,
     SandboxError,
 )
-from sandbox.docker.egress import LABEL_BASE_URL, LABEL_HARNESS, base_url_endpoint
+from sandbox.network import egress_labels
 from worker.deps import Shutdown, TurnDeps
 from worker.errors import InvalidInput
 from worker.observe import harness_telemetry, logs, metrics, tracing
@@ -634,10 +634,7 @@ def _egress_labels(network: str, options: RunOptions) -> dict[str, str]:
     its base URL's endpoint (allowed when policy allows producer endpoints)."""
     if network != "egress":
         return {}
-    return {
-        LABEL_HARNESS: options.harness,
-        LABEL_BASE_URL: base_url_endpoint(options.base_url) or "",
-    }
+    return egress_labels(options.harness, options.base_url)
 
 
 def _publish_denials(

@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 from adapters.events import WORKSPACE_LIST_LIMIT, Event, WorkspaceChange
 from config import Settings
 from sandbox.base import Sandbox, SandboxError
-from sandbox.docker.container import parse_user
 from sandbox.store.seeding import (
     ArchiveLimits,
     SeedError,
@@ -34,7 +33,7 @@ from sandbox.store.seeding import (
     seed_from_repo,
 )
 from sandbox.store.snapshots import SnapshotLimits, SnapshotStore, SnapshotSummary
-from sandbox.workspace import make_owned_workspace, workspace_dir
+from sandbox.workspace import make_owned_workspace, parse_user, workspace_dir
 from worker.deps import TurnDeps
 from worker.errors import InvalidInput
 from worker.options.spec import RunOptions
