@@ -6,8 +6,8 @@ stream keys in batches of ``HARNESS_API_READ_BATCH``) and puts each entry on the
 queue of every client of that run. A client first reads what it missed (``XRANGE`` from
 its ``Last-Event-ID``, on the API's small shared pool) up to where the hub is, then takes
 the hub's entries: no gap, no duplicate. The hub looks at the runs' records every second,
-and ends their clients' streams when a run has ended (after its last turn's terminal
-event, or a grace period: the record says ended before the last terminal is written).
+and ends a run's client streams once the run has ended and the hub has read its stream to
+the end (:mod:`worker.store.stream_end`, the one rule of every follower: no grace period).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from typing import Any
 
 import redis
 
-from adapters.events import TERMINAL_TYPES
 from worker.observe import metrics
+from worker.store import stream_end
 from worker.store.keys import Keys
-from worker.store.status import FINISHED
 
 log = logging.getLogger("worker.api.sse")
 
@@ -67,9 +66,9 @@ class _Run:
     key: str
     cursor: str
     subscribers: set[Subscription] = field(default_factory=set)
-    last: tuple[int, str] | None = None
-    """The turn and type of the latest entry read."""
-    ended_at: float | None = None
+    end: str | None = None
+    """Where the run's stream ends, once the run has ended: its client streams close when
+    the hub's cursor reaches it."""
 
 
 class StreamHub:
@@ -84,7 +83,6 @@ class StreamHub:
         batch: int = 256,
         block_ms: int = 250,
         check_every_s: float = 1.0,
-        grace_s: float = 5.0,
     ) -> None:
         self.reader = reader
         """A ``redis.asyncio.Redis`` of one connection, the hub's own (it blocks on XREAD)."""
@@ -94,7 +92,6 @@ class StreamHub:
         self.batch = batch
         self.block_ms = block_ms
         self.check_every_s = check_every_s
-        self.grace_s = grace_s
         self._runs: dict[str, _Run] = {}
         self._by_key: dict[str, str] = {}
         self._wake = asyncio.Event()
@@ -114,8 +111,6 @@ class StreamHub:
             if run is None:  # still untracked after the read: the hub goes on from the end
                 end = newest[0][0] if newest else "0-0"
                 run = _Run(key, max(end, after, key=entry_key))
-                if newest:
-                    run.last = (entry_key(end)[0], newest[0][1].get("type", ""))
                 self._runs[run_id] = run
                 self._by_key[key] = run_id
                 self._wake.set()
@@ -184,6 +179,7 @@ class StreamHub:
         if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + self.check_every_s
             await self._end_finished()
+        self._close_ended()
 
     def _deliver(self, key: str, entries: list[tuple[str, dict[str, str]]]) -> None:
         run_id = self._by_key.get(key)
@@ -193,7 +189,6 @@ class StreamHub:
         for entry_id, fields in entries:
             entry = (entry_id, fields.get("type", ""), fields.get("data", "null"))
             run.cursor = entry_id
-            run.last = (entry_key(entry_id)[0], entry[1])
             for sub in list(run.subscribers):
                 try:
                     sub.queue.put_nowait(entry)
@@ -209,26 +204,19 @@ class StreamHub:
         sub.queue.put_nowait(_END)
 
     async def _end_finished(self) -> None:
+        """Where each run's stream ends, once it has (:mod:`worker.store.stream_end`)."""
         items = list(self._runs.items())
         pipe = self.reader.pipeline(transaction=False)
         for run_id, _ in items:
-            pipe.hmget(self.keys.run(run_id), ["status", "current_turn"])
+            stream_end.ask(pipe, self.keys, run_id)
         replies = await pipe.execute()
-        now = time.monotonic()
-        for (run_id, run), (status, current) in zip(items, replies, strict=True):
-            if status is None:
-                done = True  # the run's record is gone (expired or never was)
-            elif status in FINISHED:
-                run.ended_at = run.ended_at or now
-                last_terminal = (
-                    run.last is not None
-                    and run.last[1] in TERMINAL_TYPES
-                    and (not current or run.last[0] >= int(current))
-                )
-                done = last_terminal or now - run.ended_at >= self.grace_s
-            else:
-                done = False
-            if done:
+        for at, (_, run) in enumerate(items):
+            run.end = stream_end.end_of(replies[2 * at], replies[2 * at + 1])
+
+    def _close_ended(self) -> None:
+        """End the client streams of every ended run the hub has read to its end."""
+        for run_id, run in list(self._runs.items()):
+            if run.end is not None and stream_end.reached(run.cursor, run.end):
                 for sub in list(run.subscribers):
                     self._close(run, sub)
                 self._runs.pop(run_id, None)
