@@ -348,7 +348,7 @@ class Keys:
     def webhooks(self, part: str) -> str:
         """The API's webhook deliveries (worker/api/webhooks.py): ``runs`` (watched run ids),
         ``cursor`` (run id to the last entry scanned), ``due`` (delivery ids by due time),
-        ``body`` (delivery id to JSON), ``ended`` (runs whose end was delivered)."""
+        ``body`` (delivery id to JSON)."""
         return f"{self.prefix}:webhooks:{part}"
 
     def hosts(self) -> str:
