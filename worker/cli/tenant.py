@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from worker.cli.render import format_since
 from worker.cli.session import Handler, Session
 from worker.errors import InvalidInput
@@ -74,6 +76,7 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         ("--network", "a network it may ask for"),
         ("--tools", "a tool set it may attach"),
         ("--mcp", "an MCP server it may attach"),
+        ("--base-url", "a base URL entry its runs may name (as HARNESS_ALLOWED_BASE_URLS')"),
     ):
         add.add_argument(
             flag,
@@ -155,15 +158,21 @@ def _tenant(args: argparse.Namespace, session: Session) -> int:
             "networks": args.network,
             "tools": args.tools,
             "mcp": args.mcp,
+            "base_urls": args.base_url,
             "max_cost_usd": args.max_cost_usd,
             "max_tokens": args.max_tokens,
             "max_turns": args.max_turns,
             "max_wall_s": args.max_wall_s,
         }
+        try:
+            chosen = tenants.TenantPolicy(**{k: v for k, v in policy.items() if v is not None})
+        except ValidationError as exc:
+            errors = "; ".join(str(e["msg"]) for e in exc.errors())
+            raise InvalidInput(f"invalid tenant policy: {errors}") from None
         tenant, key = tenants.add_tenant(
             path,
             args.name,
-            policy=tenants.TenantPolicy(**{k: v for k, v in policy.items() if v is not None}),
+            policy=chosen,
             rate_limit=args.rate_limit,
             webhook_url=args.webhook_url,
         )
