@@ -180,19 +180,18 @@ class BridgeGuard:
             return self._describe(network_id)
 
     def recheck(self) -> str | None:
-        """The reaper's care: when this process made or found the network, install its rules
-        again if any went missing. What was done, or None."""
-        with self._lock:
-            network_id = self._network_id
-            if network_id is None:
+        """The reaper's care: when the network exists (runs of an earlier worker process may
+        live on it), install its rules again if any went missing. What was done, or None."""
+        with self._lock, self._seam("check network bridge's rules"):
+            try:
+                network = self._client().networks.get(self.network_name)
+            except docker.errors.NotFound:
+                self._network_id = None  # made again by the next bridge run
                 return None
-            with self._seam("check network bridge's rules"):
-                try:
-                    self._client().networks.get(network_id)
-                except docker.errors.NotFound:
-                    self._network_id = None  # made again by the next bridge run
-                    return None
-                restored = self._guard(network_id)
+            self._check_ours(network.attrs)
+            network_id = str(network.id)
+            restored = self._guard(network_id)
+            self._network_id = network_id
         if not restored:
             return None
         log.warning("bridge.rules_restored", extra={"network": self.network_name})

@@ -381,6 +381,28 @@ def test_the_model_is_reached_where_the_operator_allows_it_and_only_there(
     assert probe(container, other) == {other: "refused"}
 
 
+def test_the_reaper_puts_back_the_rules_a_firewall_reload_removed(
+    sandbox: DockerSandbox, demo_image: str, listener: Listener
+) -> None:
+    _, container = start(sandbox, demo_image)
+    target = f"{docker0()}:{listener.port}"
+    assert sandbox.bridge is not None
+    client = docker.from_env()
+    try:
+        digest = str(client.networks.get(sandbox.bridge.network_name).id)[:12]
+    finally:
+        client.close()
+    jump = ["INPUT", "-i", f"br-{digest}", "-j", f"HRUN-I-{digest}"]
+    subprocess.run(["iptables", "-D", *jump], check=True)  # what a firewall reload does
+    try:
+        assert probe(container, target) == {target: "connected"}  # the hole it leaves
+    finally:
+        done = sandbox.reap_gateway()
+    assert done is not None and "restored the isolation rules" in done
+    assert probe(container, target) == {target: "refused"}
+    assert sandbox.reap_gateway() is None  # nothing missing: nothing done
+
+
 @pytest.mark.slow
 def test_a_daemon_without_iptables_refuses_bridge_runs_saying_why(
     tmp_path: Path, demo_image: str
