@@ -304,6 +304,14 @@ class Settings(BaseSettings):
     bounded by it."""
     api_rate_window_s: int = Field(60, gt=0)
     """The rate limit's window, in seconds."""
+    api_failed_auth_limit: int = Field(20, ge=0)
+    """Requests with a wrong key one client address may send per HARNESS_API_RATE_WINDOW_S
+    (0: no limit); past it every request of that address bearing a key is refused (429)
+    until the window ends. The address is the connection's peer (behind a proxy, the
+    proxy's)."""
+    api_streams_per_tenant: int = Field(50, ge=0)
+    """Event streams one tenant may hold open at once on one API process (0: no limit;
+    429 past it)."""
     api_keepalive_s: float = Field(15.0, gt=0)
     """A comment line on an idle event stream this often (proxies drop silent ones)."""
     api_cors_origins: CommaList = ()

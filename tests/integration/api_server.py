@@ -68,6 +68,7 @@ def start_api(env: Env, name: str = "api", **overrides: str) -> ApiProcess:
         **env.vars,
         "HARNESS_TENANTS_FILE": str(tenants_file),
         "HARNESS_API_RATE_LIMIT": "100000",
+        "HARNESS_API_STREAMS_PER_TENANT": "1000",  # the fan-out test holds 300 of one tenant
         **overrides,
         "PYTHONUNBUFFERED": "1",
     }

@@ -23,12 +23,13 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from config import Settings, load_settings
 from worker.api import errors, page, routes, uploads
-from worker.api.limits import RateLimiter
+from worker.api.limits import FailedAuthLimiter, RateLimiter, StreamSlots
+from worker.api.middleware import AccessLog, SecurityHeaders
 from worker.api.sse import StreamHub
 from worker.api.tenants import TenantRegistry
 from worker.api.webhooks import Dispatcher
 from worker.client import HarnessClient
-from worker.observe import metrics, tracing
+from worker.observe import logs, metrics, tracing
 from worker.store.keys import Keys
 
 log = logging.getLogger("worker.api")
@@ -46,9 +47,11 @@ class Api:
     keys: Keys
     client: HarnessClient
     tenants: TenantRegistry
+    streams: StreamSlots
     pool: Any = None
     hub: StreamHub | None = None
     limiter: RateLimiter | None = None
+    auth_failures: FailedAuthLimiter | None = None
     webhooks: Dispatcher | None = None
 
 
@@ -111,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keys=Keys(settings.key_prefix),
         client=HarnessClient(settings),
         tenants=TenantRegistry(settings.tenants_file or None),
+        streams=StreamSlots(settings.api_streams_per_tenant),
     )
 
     @contextlib.asynccontextmanager
@@ -131,6 +135,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.pool = pool
         state.hub = StreamHub(reader, pool, state.keys, batch=settings.api_read_batch)
         state.limiter = RateLimiter(pool, state.keys, settings.api_rate_window_s)
+        state.auth_failures = FailedAuthLimiter(
+            pool, state.keys, settings.api_rate_window_s, settings.api_failed_auth_limit
+        )
         state.webhooks = Dispatcher(pool, state.keys, state.tenants, settings, http)
         tasks = [
             asyncio.create_task(state.hub.run(), name="sse-hub"),
@@ -173,6 +180,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         archive=settings.archive_max_bytes,
         attachments=settings.attach_max_total_bytes,
     )
+    app.add_middleware(SecurityHeaders)
+    app.add_middleware(AccessLog)  # outermost: it sees every answer, a 413 included
     uploads.document(app)
     return app
 
@@ -182,7 +191,19 @@ def serve(host: str, port: int) -> int:
     import uvicorn
 
     app = create_app()
-    if not app.state.api.settings.tenants_file:
+    settings = app.state.api.settings
+    # Our lines (a request each, the stream reader's faults) and uvicorn's, one format;
+    # uvicorn's access line is off: it would log query strings, ours does not.
+    logs.configure(settings.log_format, logging.INFO)
+    if not settings.tenants_file:
         log.warning("api.no_tenants: HARNESS_TENANTS_FILE is not set; every request is refused")
-    uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        log_level="info",
+        access_log=False,
+        proxy_headers=False,
+    )
     return 0

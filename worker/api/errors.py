@@ -1,8 +1,10 @@
 """The API's errors: ``{"error": {"type", "message"}}`` with the status that fits.
 
 The client's typed errors (:mod:`worker.errors`) map to statuses here, once; a request the
-schema refuses is 422 with the field's path; a body too big 413; anything unforeseen 500
-with no detail (the log has it: a response never holds a URL, a secret or a path of ours).
+schema refuses is 422 with the field's path; a body too big 413; Redis out of reach 503
+``unavailable`` with ``Retry-After``, wherever it is met (the rate limit, a route, a stream's
+start); anything unforeseen 500 with no detail (the log has it: a response never holds a
+URL, a secret or a path of ours).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from worker.api.middleware import DEFAULT_CSP, SECURITY_HEADERS
 from worker.errors import (
     AnswerRefused,
     BudgetSpent,
@@ -29,8 +32,12 @@ from worker.errors import (
     TurnWaitTimeout,
     Unavailable,
 )
+from worker.store.errors import REDIS_ERRORS
 
 log = logging.getLogger("worker.api")
+
+RETRY_UNAVAILABLE_S = 5
+"""The ``Retry-After`` of a 503: Redis or the broker is out of reach (a restart, a failover)."""
 
 
 class ErrorDetail(BaseModel):
@@ -82,7 +89,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (409, "The run is busy or has ended, or the request was refused"),
         (413, "Request body too large"),
         (422, "The request does not match its schema"),
-        (429, "Rate limit reached (see Retry-After)"),
+        (429, "Rate limit reached, too many wrong keys or open streams (see Retry-After)"),
+        (503, "Redis or the broker cannot be reached (see Retry-After)"),
     )
 }
 
@@ -95,6 +103,15 @@ def respond(exc: ApiError) -> JSONResponse:
     return JSONResponse(body(exc.status, exc.kind, exc.message), exc.status, headers=exc.headers)
 
 
+def unavailable(message: str) -> JSONResponse:
+    """503 with ``Retry-After``."""
+    return JSONResponse(
+        body(503, "unavailable", f"{message}; retry later"),
+        503,
+        headers={"Retry-After": str(RETRY_UNAVAILABLE_S)},
+    )
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
@@ -102,10 +119,25 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HarnessError)
     async def _harness(_: Request, exc: HarnessError) -> JSONResponse:
+        if isinstance(exc, Unavailable):
+            log.warning("api.unavailable", extra={"error": str(exc)})
+            # A translated Redis or broker error names their address: not said.
+            return unavailable(
+                "Redis or the broker cannot be reached" if exc.__cause__ else str(exc)
+            )
         for kind, status, name in _STATUSES:
             if isinstance(exc, kind):
                 return JSONResponse(body(status, name, str(exc)), status)
         return JSONResponse(body(500, "error", str(exc)), 500)
+
+    async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("api.unavailable", extra={"error": str(exc)})
+        return unavailable("Redis cannot be reached")
+
+    # The API's own async Redis calls (the rate limit, ownership checks, a stream's start)
+    # raise these; the client's calls raise Unavailable, above.
+    for error in REDIS_ERRORS:
+        app.add_exception_handler(error, _redis_away)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -126,4 +158,6 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unforeseen(_: Request, exc: Exception) -> JSONResponse:
         log.exception("api.error", exc_info=exc)
-        return JSONResponse(body(500, "internal", "internal error"), 500)
+        # Answered by the server-error middleware, outside SecurityHeaders: its headers here.
+        headers = {**SECURITY_HEADERS, "Content-Security-Policy": DEFAULT_CSP}
+        return JSONResponse(body(500, "internal", "internal error"), 500, headers=headers)

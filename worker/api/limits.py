@@ -1,12 +1,15 @@
-"""A request rate limit per tenant: a fixed window counted in Redis, shared by every API
-process (``HARNESS_API_RATE_LIMIT`` requests per ``HARNESS_API_RATE_WINDOW_S``)."""
+"""The API's limits: a request rate per tenant and wrong keys per client address (fixed
+windows counted in Redis, shared by every API process), and open event streams per tenant
+(counted by each process: a stream holds that process' memory and connection)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from worker.store.keys import Keys
@@ -21,7 +24,30 @@ class Verdict:
 
 
 @dataclass
+class _Window:
+    redis: Any
+    """A ``redis.asyncio.Redis``."""
+    window_s: int
+    clock: Callable[[], float]
+
+    def current(self) -> tuple[int, int]:
+        """The window's number, and whole seconds until the next one."""
+        now = self.clock()
+        window = int(now // self.window_s)
+        return window, max(1, math.ceil((window + 1) * self.window_s - now))
+
+    async def count(self, key: str) -> int:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.expire(key, self.window_s + 1)
+        count, _ = await pipe.execute()
+        return int(count)
+
+
+@dataclass
 class RateLimiter:
+    """``HARNESS_API_RATE_LIMIT`` requests per tenant per ``HARNESS_API_RATE_WINDOW_S``."""
+
     redis: Any
     """A ``redis.asyncio.Redis``."""
     keys: Keys
@@ -32,14 +58,67 @@ class RateLimiter:
         """Count one request of ``tenant``; refused past ``limit`` in its window (0: none)."""
         if limit <= 0:
             return Verdict(True, 0, 0)
-        now = self.clock()
-        window = int(now // self.window_s)
-        key = self.keys.tenant_key(tenant, f"rate:{window}")
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.incr(key)
-        pipe.expire(key, self.window_s + 1)
-        count, _ = await pipe.execute()
-        retry = max(1, math.ceil((window + 1) * self.window_s - now))
-        if int(count) > limit:
+        windows = _Window(self.redis, self.window_s, self.clock)
+        window, retry = windows.current()
+        count = await windows.count(self.keys.tenant_key(tenant, f"rate:{window}"))
+        if count > limit:
             return Verdict(False, 0, retry)
-        return Verdict(True, limit - int(count), retry)
+        return Verdict(True, limit - count, retry)
+
+
+@dataclass
+class FailedAuthLimiter:
+    """At most ``limit`` requests with a wrong key per client address and window: past it
+    every request of that address that bears a key is refused (429) until the window ends,
+    a right key's too, so guessing gets no answer either way."""
+
+    redis: Any
+    """A ``redis.asyncio.Redis``."""
+    keys: Keys
+    window_s: int
+    limit: int
+    """0: no limit."""
+    clock: Callable[[], float] = time.time
+
+    def _key(self, address: str) -> tuple[str, int]:
+        window, retry = _Window(self.redis, self.window_s, self.clock).current()
+        return self.keys.api_client(address, f"auth-failures:{window}"), retry
+
+    async def check(self, address: str) -> Verdict:
+        """Whether ``address`` may try a key now."""
+        if self.limit <= 0:
+            return Verdict(True, 0, 0)
+        key, retry = self._key(address)
+        failed = int(await self.redis.get(key) or 0)
+        return Verdict(failed < self.limit, max(0, self.limit - failed), retry)
+
+    async def failed(self, address: str) -> None:
+        """Count one wrong key of ``address`` (its next :meth:`check` says whether it may try
+        again)."""
+        if self.limit > 0:
+            await _Window(self.redis, self.window_s, self.clock).count(self._key(address)[0])
+
+
+@dataclass
+class StreamSlots:
+    """Each tenant's open event streams on this process: at most ``most`` (0: no limit)."""
+
+    most: int
+    _open: Counter[str] = field(default_factory=Counter)
+
+    def full(self, tenant: str) -> bool:
+        return self.most > 0 and self._open[tenant] >= self.most
+
+    @contextlib.contextmanager
+    def held(self, tenant: str) -> Iterator[bool]:
+        """One of the tenant's slots for the block (True), or none (False: all taken)."""
+        if self.full(tenant):
+            yield False
+            return
+        self._open[tenant] += 1
+        try:
+            yield True
+        finally:
+            self._open[tenant] -= 1
+            if self._open[tenant] <= 0:
+                del self._open[tenant]

@@ -29,6 +29,7 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; max-width: 60em; }
 #events { white-space: pre-wrap; font-family: ui-monospace, monospace; background: #f6f6f6;
   padding: .8em; min-height: 6em; }
 .event-turn-complete { color: #060; } .event-session-error { color: #a00; }
+.event-tool-call, .event-tool-result { color: #036; }
 .request { border: 1px solid #c90; padding: .5em; margin: .5em 0; }
 #diff { white-space: pre; font-family: ui-monospace, monospace; overflow-x: auto; }
 </style></head>
@@ -62,14 +63,27 @@ async function api(path, options) {
   return response;
 }
 
+// One line per event, from its data's fields as docs/events.md names them.
+function describe(type, data) {
+  switch (type) {
+    case "assistant-text": return data.text;
+    case "turn-complete": return "turn complete: " + (data.text || "");
+    case "session-error": return "turn failed: " + data.reason + ": " + data.error;
+    case "tool-call": return "tool " + data.server + "." + data.tool + " " + data.input;
+    case "tool-result":
+      return "tool result (" + (data.ok ? "ok" : "error") + ", " + data.duration_ms + " ms): "
+        + data.output;
+    case "sandbox-activity": return data.kind + ": " + data.description;
+    case "permission-request": return "asks: " + (data.description || data.command || "");
+    case "permission-decision": return data.decision + " (" + data.by + ")";
+    default: return "[" + type + "]";
+  }
+}
+
 function show(type, data) {
   const line = document.createElement("div");
   line.className = "event event-" + type;
-  if (type === "assistant-text") line.textContent = data.text;
-  else if (type === "turn-complete") line.textContent = "turn complete: " + (data.text || "");
-  else if (type === "session-error") line.textContent = data.reason + ": " + data.message;
-  else if (type === "tool-use") line.textContent = "tool: " + data.tool;
-  else line.textContent = "[" + type + "]";
+  line.textContent = describe(type, data);
   $("events").appendChild(line);
 }
 
@@ -155,7 +169,7 @@ async def run_page(run_id: str) -> HTMLResponse:
         _PAGE.replace("RUN_ID", run_id),
         headers={
             "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
-            "style-src 'unsafe-inline'; connect-src 'self'",
+            "style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'",
             "Referrer-Policy": "no-referrer",
         },
     )

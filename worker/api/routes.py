@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,12 +18,11 @@ from starlette.concurrency import run_in_threadpool
 from worker.api import schemas, sse, uploads, webhooks
 from worker.api.errors import ERROR_RESPONSES, ApiError, not_found
 from worker.api.tenants import Tenant, apply_policy, check_budget
-from worker.errors import InvalidInput
 from worker.options.spec import RUN_ID, parse_label
+from worker.store.event_ids import START, EventId, parse_event_id
 
 router = APIRouter()
 _bearer = HTTPBearer(auto_error=False, description="A tenant's API key")
-_ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 
 
 def _api(request: Request) -> Any:
@@ -39,16 +37,29 @@ async def _tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Tenant:
-    """The tenant whose key the request bears, within its rate limit."""
+    """The tenant whose key the request bears, within its rate limit; a client address
+    that sent too many wrong keys is refused (429) whatever key it bears, until its window
+    ends."""
     api = _api(request)
     challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise ApiError(
             401, "unauthorized", "an Authorization: Bearer KEY header is needed", challenge
         )
+    address = request.client.host if request.client else ""
+    guessing = await api.auth_failures.check(address)
+    if not guessing.allowed:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"too many wrong keys from this address; retry after {guessing.retry_after_s}s",
+            {"Retry-After": str(guessing.retry_after_s)},
+        )
     tenant: Tenant | None = api.tenants.authenticate(credentials.credentials)
     if tenant is None:
+        await api.auth_failures.failed(address)
         raise ApiError(401, "unauthorized", "unknown or revoked API key", challenge)
+    request.state.tenant = tenant.name  # for the request's log line
     limits = [n for n in (api.settings.api_rate_limit, tenant.rate_limit) if n]
     verdict = await api.limiter.hit(tenant.name, min(limits) if limits else 0)
     if not verdict.allowed:
@@ -62,6 +73,18 @@ async def _tenant(
 
 
 TenantDep = Annotated[Tenant, Depends(_tenant)]
+
+
+def _still(api: Any, key: str, tenant: str) -> bool:
+    """Whether ``key`` still authenticates as ``tenant`` (the tenants file is read again
+    when it changes: a revoked or rotated key stops here)."""
+    found: Tenant | None = api.tenants.authenticate(key)
+    return found is not None and found.name == tenant
+
+
+def _event_id(text: str | None) -> EventId:
+    """An event id of a query or header (START when none): 400 unless Redis would take it."""
+    return START if text is None else parse_event_id(text)
 
 
 async def _owned(request: Request, run_id: str, tenant: Tenant) -> Any:
@@ -181,6 +204,7 @@ async def list_events(
 ) -> list[dict[str, Any]]:
     """The run's events after the id ``after``, oldest first, at most ``limit``."""
     api = await _owned(request, run_id, tenant)
+    _event_id(after)
 
     def read() -> list[dict[str, Any]]:
         found = []
@@ -205,17 +229,33 @@ async def stream_events(
     request: Request,
     run_id: str,
     tenant: TenantDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     after: Annotated[str | None, Query(max_length=48)] = None,
     last_event_id: Annotated[str | None, Header(max_length=48)] = None,
 ) -> StreamingResponse:
     """The run's events as Server-Sent Events (``id:``, ``event:``, ``data:``), from after
     ``Last-Event-ID`` (or ``after``), until the run ends; a comment keeps it alive."""
     api = await _owned(request, run_id, tenant)
-    cursor = last_event_id or after or "0-0"
-    if not _ENTRY_ID.fullmatch(cursor):
-        raise InvalidInput(f"invalid event id {cursor[:48]!r}: expected TURN-SEQ, like 3-0")
+    cursor = _event_id(last_event_id or after or None)
+    if api.streams.full(tenant.name):
+        raise ApiError(
+            429,
+            "too_many_streams",
+            f"tenant {tenant.name} holds {api.streams.most} open event streams on this "
+            "server (HARNESS_API_STREAMS_PER_TENANT); close one first",
+            {"Retry-After": "5"},
+        )
+    key = credentials.credentials if credentials else ""
     return StreamingResponse(
-        sse.stream(api.hub, run_id, cursor, api.settings.api_keepalive_s),
+        sse.stream(
+            api.hub,
+            run_id,
+            cursor,
+            tenant=tenant.name,
+            authorized=lambda: _still(api, key, tenant.name),
+            slots=api.streams,
+            keepalive_s=api.settings.api_keepalive_s,
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -8,6 +8,12 @@ its ``Last-Event-ID``, on the API's small shared pool) up to where the hub is, t
 the hub's entries: no gap, no duplicate. The hub looks at the runs' records every second,
 and ends a run's client streams once the run has ended and the hub has read its stream to
 the end (:mod:`worker.store.stream_end`, the one rule of every follower: no grace period).
+
+One run's fault stays that run's: a Redis error on one stream key (a reply error, not a lost
+connection) ends that run's streams, logged, and the reader goes on with the others. A
+stream also ends when its key stops authenticating (revoked, rotated away), checked every
+few seconds, and a tenant holds at most ``HARNESS_API_STREAMS_PER_TENANT`` streams of a
+process at once.
 """
 
 from __future__ import annotations
@@ -16,14 +22,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from worker.api.limits import StreamSlots
 from worker.observe import metrics
 from worker.store import stream_end
+from worker.store.errors import REDIS_ERRORS
+from worker.store.event_ids import START, EventId, parse_event_id
 from worker.store.keys import Keys
 
 log = logging.getLogger("worker.api.sse")
@@ -34,11 +43,9 @@ _END = ("", "", "")
 QUEUE_MAX = 10_000
 """Entries a client may fall behind by; past it its stream is closed (it resumes with
 ``Last-Event-ID``) rather than held in memory."""
-
-
-def entry_key(entry_id: str) -> tuple[int, int]:
-    turn, _, seq = entry_id.partition("-")
-    return int(turn), int(seq or 0)
+RECHECK_S = 5.0
+"""At most this long between two checks that a stream's key still authenticates (or the
+keep-alive interval, when shorter)."""
 
 
 def format_event(entry: Entry) -> str:
@@ -54,7 +61,7 @@ class Subscription:
     run_id: str
     key: str
     queue: asyncio.Queue[Entry]
-    after: str
+    after: EventId
     """Entries up to this id were delivered before (skipped if the hub brings them)."""
     upto: str | None
     """The client reads its backlog, after ``after`` up to this id, itself; the hub's queue
@@ -101,23 +108,25 @@ class StreamHub:
     def clients(self) -> int:
         return sum(len(run.subscribers) for run in self._runs.values())
 
-    async def subscribe(self, run_id: str, after: str) -> Subscription:
-        """A client of ``run_id``'s stream from after ``after`` (``0-0``: the start)."""
+    async def subscribe(self, run_id: str, after: EventId) -> Subscription:
+        """A client of ``run_id``'s stream from after ``after`` (START: the start)."""
         run = self._runs.get(run_id)
         if run is None:
             key = self.keys.events(run_id)
             newest = await self.pool.xrevrange(key, count=1)
             run = self._runs.get(run_id)
             if run is None:  # still untracked after the read: the hub goes on from the end
-                end = newest[0][0] if newest else "0-0"
-                run = _Run(key, max(end, after, key=entry_key))
+                # (never from a client's id: one client's id beyond the end must not make the
+                # hub skip what the run's other clients are owed; the client skips it itself)
+                end = newest[0][0] if newest else str(START)
+                run = _Run(key, end)
                 self._runs[run_id] = run
                 self._by_key[key] = run_id
                 self._wake.set()
         # The hub delivers what comes after its cursor; what lies between the client's id
         # and that cursor the client reads itself (it joins the queue first, so nothing the
         # hub reads meanwhile is lost).
-        upto = run.cursor if entry_key(after) < entry_key(run.cursor) else None
+        upto = run.cursor if after < parse_event_id(run.cursor) else None
         sub = Subscription(run_id, run.key, asyncio.Queue(QUEUE_MAX), after, upto)
         run.subscribers.add(sub)
         metrics.event_stream_opened()
@@ -156,6 +165,9 @@ class StreamHub:
             except (redis.RedisError, OSError) as exc:
                 log.warning("sse.read_failed", extra={"error": str(exc)})
                 await asyncio.sleep(1.0)
+            except Exception:  # the task's boundary: one pass's bug must not end every
+                log.exception("sse.hub_failed")  # stream of the process for good
+                await asyncio.sleep(1.0)
 
     async def _pass(self) -> None:
         if not self._runs:
@@ -170,7 +182,10 @@ class StreamHub:
             chunk = {k: streams[k] for k in keys[start : start + self.batch]}
             # One batch blocks until something comes; several are polled in turn.
             block = self.block_ms if len(keys) <= self.batch else None
-            reply = await self.reader.xread(chunk, count=500, block=block)
+            try:
+                reply = await self.reader.xread(chunk, count=500, block=block)
+            except redis.ResponseError:  # a key Redis refuses: find it, read the others
+                reply = await self._read_each(chunk)
             for key, entries in reply or ():
                 got = got or bool(entries)
                 self._deliver(key, entries)
@@ -180,6 +195,27 @@ class StreamHub:
             self._next_check = time.monotonic() + self.check_every_s
             await self._end_finished()
         self._close_ended()
+
+    async def _read_each(self, chunk: dict[str, str]) -> list[Any]:
+        """The batch read key by key: a key Redis refuses ends its run's streams (logged)
+        and leaves the hub; the others are read as usual."""
+        replies: list[Any] = []
+        for key, cursor in chunk.items():
+            try:
+                replies += await self.reader.xread({key: cursor}, count=500) or ()
+            except redis.ResponseError as exc:
+                self._drop(self._by_key.get(key), "sse.stream_failed", str(exc))
+        return replies
+
+    def _drop(self, run_id: str | None, event: str, error: str) -> None:
+        """End every stream of the run and stop reading it."""
+        run = self._runs.pop(run_id, None) if run_id else None
+        if run is None:
+            return
+        log.warning(event, extra={"run_id": run_id, "error": error[:200]})
+        self._by_key.pop(run.key, None)
+        for sub in list(run.subscribers):
+            self._close(run, sub)
 
     def _deliver(self, key: str, entries: list[tuple[str, dict[str, str]]]) -> None:
         run_id = self._by_key.get(key)
@@ -209,9 +245,14 @@ class StreamHub:
         pipe = self.reader.pipeline(transaction=False)
         for run_id, _ in items:
             stream_end.ask(pipe, self.keys, run_id)
-        replies = await pipe.execute()
-        for at, (_, run) in enumerate(items):
-            run.end = stream_end.end_of(replies[2 * at], replies[2 * at + 1])
+        replies = await pipe.execute(raise_on_error=False)
+        for at, (run_id, run) in enumerate(items):
+            status, newest = replies[2 * at], replies[2 * at + 1]
+            failed = [r for r in (status, newest) if isinstance(r, redis.ResponseError)]
+            if failed:
+                self._drop(run_id, "sse.record_failed", str(failed[0]))
+                continue
+            run.end = stream_end.end_of(status, newest)
 
     def _close_ended(self) -> None:
         """End the client streams of every ended run the hub has read to its end."""
@@ -223,26 +264,72 @@ class StreamHub:
                 self._by_key.pop(run.key, None)
 
 
-async def stream(hub: StreamHub, run_id: str, after: str, keepalive_s: float) -> AsyncIterator[str]:
-    """The SSE text of one client: its backlog, then live entries, a comment when idle."""
-    sub = await hub.subscribe(run_id, after)
-    seen = entry_key(after)
-    try:
-        yield ": stream open\n\n"
-        async for entry in hub.backlog(sub):
-            seen = entry_key(entry[0])
-            yield format_event(entry)
-        while True:
-            try:
-                entry = await asyncio.wait_for(sub.queue.get(), keepalive_s)
-            except TimeoutError:
-                yield ": keep-alive\n\n"
-                continue
-            if entry is _END or entry == _END:
-                return
-            if entry_key(entry[0]) <= seen:
-                continue
-            seen = entry_key(entry[0])
-            yield format_event(entry)
-    finally:
-        hub.unsubscribe(sub)
+@dataclass
+class _Recheck:
+    """Whether the stream's key still authenticates, asked at most every ``every_s``."""
+
+    authorized: Callable[[], bool]
+    every_s: float
+    due: float = 0.0
+    ok: bool = True
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self.ok and now >= self.due:
+            self.due = now + self.every_s
+            self.ok = self.authorized()
+        return self.ok
+
+
+async def stream(
+    hub: StreamHub,
+    run_id: str,
+    after: EventId,
+    *,
+    tenant: str,
+    authorized: Callable[[], bool],
+    slots: StreamSlots,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
+    """The SSE text of one client of ``tenant``: its backlog, then live entries, a comment
+    when idle. It ends with the run, once ``authorized()`` (the request's key still names
+    ``tenant``) says no, or when Redis fails under it (the client resumes with its last id).
+    It takes one of the tenant's stream slots while it lasts (none free: it ends at once;
+    the route answers 429 before it gets here, but two requests may race for the last)."""
+    with slots.held(tenant) as held:
+        if not held:
+            return
+        still = _Recheck(authorized, min(keepalive_s, RECHECK_S))
+        sub: Subscription | None = None
+        try:
+            sub = await hub.subscribe(run_id, after)
+            seen = after
+            yield ": stream open\n\n"
+            async for entry in hub.backlog(sub):
+                if not still():
+                    break
+                seen = parse_event_id(entry[0])
+                yield format_event(entry)
+            quiet_since = time.monotonic()
+            while still():
+                try:
+                    entry = await asyncio.wait_for(sub.queue.get(), still.every_s)
+                except TimeoutError:
+                    if time.monotonic() - quiet_since >= keepalive_s:
+                        quiet_since = time.monotonic()
+                        yield ": keep-alive\n\n"
+                    continue
+                if entry == _END:
+                    return
+                entry_id = parse_event_id(entry[0])
+                if entry_id <= seen:
+                    continue
+                seen, quiet_since = entry_id, time.monotonic()
+                yield format_event(entry)
+            log.info("sse.key_revoked", extra={"tenant": tenant, "run_id": run_id})
+            yield ": the key no longer authenticates\n\n"
+        except REDIS_ERRORS as exc:
+            log.warning("sse.stream_unavailable", extra={"run_id": run_id, "error": str(exc)})
+        finally:
+            if sub is not None:
+                hub.unsubscribe(sub)

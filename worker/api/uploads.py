@@ -34,6 +34,7 @@ from starlette.datastructures import UploadFile
 from config import Settings
 from worker.api import schemas
 from worker.api.errors import ApiError
+from worker.options.attachments import safe_name
 
 MULTIPART = "multipart/form-data"
 RUN_PART = "run"
@@ -221,8 +222,10 @@ async def _multipart(
 
 
 async def _attachments(parts: list[Any], folder: Path, limits: Settings) -> list[Path]:
-    """Each ``attachment`` part saved under its own name (the client's checks then apply:
-    names, sizes, counts, image bytes), bounded here first by the operator's limits."""
+    """Each ``attachment`` part saved under its name made safe as ``--attach`` makes it
+    (a plain file name in our folder, whatever the part says: ``..``, ``a/../b``, a hidden
+    name), bounded here first by the operator's limits; the client's checks then apply
+    (names, sizes, counts, image bytes)."""
     if len(parts) > limits.attach_max_files:
         raise ApiError(
             413,
@@ -235,7 +238,8 @@ async def _attachments(parts: list[Any], folder: Path, limits: Settings) -> list
     for part in parts:
         if not isinstance(part, UploadFile):
             raise ApiError(400, "invalid_input", f"an '{ATTACHMENT_PART}' part must be a file")
-        name = Path(part.filename or "").name
+        given = part.filename or ""
+        name = safe_name(given) if given.strip() else ""
         if not name or name in {p.name for p in paths}:
             raise ApiError(400, "invalid_input", f"an attachment needs a name of its own: {name!r}")
         size = part.size or 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import functools
 import json
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,6 +56,7 @@ from worker.permissions.requests import who
 from worker.spend import budgets, slots
 from worker.store import credentials, stream_end
 from worker.store.errors import REDIS_ERRORS
+from worker.store.event_ids import LAST, parse_event_id
 from worker.store.keys import Keys, SyncRedis
 from worker.store.listing import RunFilter, unindex_run
 from worker.store.queued import QueuedTurn
@@ -69,7 +69,6 @@ from worker.tools import turn as turn_tools
 from worker.tools.schema import tool_set
 from worker.turn.stall import read_report
 
-_ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,20}")
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
@@ -548,6 +547,8 @@ class HarnessClient:
                     wait = max(1, min(block_ms, int((deadline - time.monotonic()) * 1000)))
                 reply = self.redis.xread({key: cursor}, count=1000, block=wait)
                 entries = reply[0][1] if reply else []
+            elif parse_event_id(cursor) == LAST:
+                entries = []
             else:
                 entries = self.redis.xrange(
                     key, min=f"({cursor}" if cursor != "0-0" else "-", count=1000
@@ -569,8 +570,8 @@ class HarnessClient:
 
     def _events_key(self, run_id: str, after: str | None) -> str:
         check_run_id(run_id)
-        if after is not None and not _ENTRY_ID.fullmatch(after):
-            raise InvalidInput(f"invalid event id {after[:80]!r}: expected TURN-SEQ, like 3-0")
+        if after is not None:
+            parse_event_id(after)
         if not self.redis.exists(self.keys.run(run_id)) and not self.redis.exists(
             self.keys.events(run_id)
         ):

@@ -345,6 +345,10 @@ class Keys:
         """Per-tenant state of the HTTP API: ``rate:WINDOW`` (worker/api/limits.py)."""
         return f"{self.prefix}:tenant:{tenant}:{part}"
 
+    def api_client(self, address: str, part: str) -> str:
+        """Per client address of the HTTP API: ``auth-failures:WINDOW`` (worker/api/limits.py)."""
+        return f"{self.prefix}:api-client:{address}:{part}"
+
     def webhooks(self, part: str) -> str:
         """The API's webhook deliveries (worker/api/webhooks.py): ``runs`` (watched run ids),
         ``cursor`` (run id to the last entry scanned), ``due`` (delivery ids by due time),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,9 +117,12 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         score, _, run_id = text.partition("|")
-        return float(score), run_id
+        top = float(score)
     except (ValueError, UnicodeDecodeError, binascii.Error):
-        raise InvalidInput("invalid cursor: pass back the cursor a listing returned") from None
+        top = math.nan
+    if not math.isfinite(top):  # nan or inf: no cursor of ours, and Redis refuses nan
+        raise InvalidInput("invalid cursor: pass back the cursor a listing returned")
+    return top, run_id
 
 
 def list_runs(
