@@ -239,6 +239,10 @@ class Settings(BaseSettings):
     """The most of a tool's result a harness gets; a longer one is cut, and says so."""
     tool_calls_in_flight: int = Field(8, gt=0, le=256)
     """At most this many tool calls of one run wait at once; more are refused at once."""
+    shared_tool_sets: CommaList = ()
+    """Tool sets the operator shares with every API tenant: a tenant's run that attaches one
+    reaches the set of that name served without a tenant. Any other set a tenant's run names
+    is that tenant's own (worker/options/tenant_names.py)."""
 
     # Redis retention
     stream_maxlen: int = Field(100_000, gt=0)
@@ -353,6 +357,7 @@ class Settings(BaseSettings):
         "api_cors_origins",
         "webhook_schemes",
         "webhook_hosts",
+        "shared_tool_sets",
         mode="before",
     )
     @classmethod

@@ -37,8 +37,8 @@ from worker.errors import InvalidInput
 from worker.options.base_urls import parse_allowance
 from worker.options.policy import check_base_url
 from worker.options.spec import ENV_NAME
+from worker.options.tenant_names import TENANT_NAME
 
-TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 KEY_PREFIX = "hk_"
 BUDGET_LIMITS = ("max_cost_usd", "max_tokens", "max_turns", "max_wall_s")
 

@@ -17,7 +17,7 @@ from worker.errors import InvalidInput
 
 EXITS = {
     "tools": "0 stopped (interrupted), 1 Redis unreachable, 2 bad usage (no such "
-    "MODULE:OBJECT, a handler without types, an invalid name)",
+    "MODULE:OBJECT, a handler without types, an invalid name or tenant)",
 }
 Command = Callable[..., argparse.ArgumentParser]
 
@@ -31,11 +31,19 @@ def add_commands(command: Command) -> None:
         "directory or PYTHONPATH) is a function, a list of functions or a {name: function} "
         "dict: each one's typed parameters give its tool's schema, its docstring the "
         "description; what it returns is the result, what it raises the error the agent "
-        "gets. Start several to share the calls: one that dies loses none.",
+        "gets. Start several to share the calls: one that dies loses none. With --tenant T "
+        "the set is API tenant T's own: only T's runs reach it, and T's runs reach no set "
+        "of that name served without --tenant (unless HARNESS_SHARED_TOOL_SETS shares it).",
     )
     tools.add_argument("action", choices=["serve"], help="serve: answer the set's calls")
     tools.add_argument("name", metavar="NAME", help="the tool set (--tools NAME on run)")
     tools.add_argument("handlers", metavar="MODULE:OBJECT", help="where its functions are")
+    tools.add_argument(
+        "--tenant",
+        metavar="TENANT",
+        help="serve API tenant TENANT's own set of that name (default: the set of runs made "
+        "without a tenant, and of every tenant when the operator shares it)",
+    )
     tools.add_argument(
         "--lease",
         type=float,
@@ -91,9 +99,12 @@ def load(spec: str) -> object:
 def _tools(args: argparse.Namespace, session: Session) -> int:
     handlers = load(args.handlers)
     stop = threading.Event()
-    print(f"harness: serving tool set {args.name} (interrupt to stop)", file=sys.stderr)
+    whose = f" of tenant {args.tenant}" if args.tenant else ""
+    print(f"harness: serving tool set {args.name}{whose} (interrupt to stop)", file=sys.stderr)
     try:
-        session.client.serve_tools(args.name, handlers, stop=stop, lease_s=args.lease)
+        session.client.serve_tools(
+            args.name, handlers, tenant=args.tenant, stop=stop, lease_s=args.lease
+        )
     except KeyboardInterrupt:
         stop.set()
     return 0

@@ -51,6 +51,7 @@ from worker.options.spec import (
     new_run_id,
     parse_options,
 )
+from worker.options.tenant_names import check_tenant
 from worker.permissions import requests as permissions
 from worker.permissions.requests import who
 from worker.spend import budgets, slots
@@ -268,15 +269,18 @@ class HarnessClient:
         workspace, repo, ref, push_branch, max_cost_usd, max_tokens, max_turns, max_wall_s
         (the run's budget, within the operator's ceilings), on_limit (``park`` or ``fail``),
         producer, ``labels`` (``{KEY: VALUE}``: :meth:`list_runs` finds runs by them),
-        ``tenant`` and ``webhook_url`` (set by the HTTP API), ``archive`` (a path: the
-        archive is uploaded through Redis and unpacked into the workspace by the worker),
-        ``attachments`` (file paths: the first turn's files, see :meth:`submit_turn`) and
-        ``output_schema`` (a JSON Schema, as a dict, every turn's answer must meet).
-        Refused with
-        InvalidInput (nothing created) when invalid or beyond policy.
+        ``tenant`` and ``webhook_url`` (set by the HTTP API; the run's tool sets and durable
+        workspace are then its tenant's own: :mod:`worker.options.tenant_names`),
+        ``archive`` (a path: the archive is uploaded through Redis and unpacked into the
+        workspace by the worker), ``attachments`` (file paths: the first turn's files, see
+        :meth:`submit_turn`) and ``output_schema`` (a JSON Schema, as a dict, every turn's
+        answer must meet). Refused with InvalidInput (nothing created) when invalid or beyond
+        policy.
         """
         labels = check_labels(options.pop("labels", None) or {})
         tenant = options.pop("tenant", None)
+        if tenant is not None:
+            check_tenant(tenant)  # it owns the names the run chose (tenant_names.owned)
         webhook_url = options.pop("webhook_url", None)
         archive = options.pop("archive", None)
         attached = self._load(options.pop("attachments", None))
@@ -791,11 +795,18 @@ class HarnessClient:
         name: str,
         handlers: object,
         *,
+        tenant: str | None = None,
         stop: threading.Event | None = None,
         lease_s: float = tool_calls.DEFAULT_LEASE_S,
     ) -> None:
         """Answer the calls of tool set ``name`` for every run that attached it
         (``start_run(..., tools=[name])``, ``--tools NAME``); blocks until ``stop`` is set.
+
+        ``tenant``: the set is that API tenant's own, attached by its runs only (a platform
+        serving each tenant its own handlers). Without it: the set of runs made without a
+        tenant, and of every tenant's runs when the operator shares the name
+        (HARNESS_SHARED_TOOL_SETS); a tenant's runs never reach it otherwise
+        (:mod:`worker.options.tenant_names`).
 
         ``handlers`` is a function, a list of functions or a ``{tool name: function}``
         mapping: each one's typed parameters give its tool's JSON Schema and its docstring
@@ -803,17 +814,26 @@ class HarnessClient:
         handler returns is the result (a string as it is, anything else as JSON); what it
         raises is the error result the harness gets (its text, never a traceback). Several
         servers of one set share its calls; a call whose server dies is taken by another
-        once ``lease_s`` passes. Refused with InvalidInput (a bad name, a handler without
-        types); rides out Redis being away."""
+        once ``lease_s`` passes. Refused with InvalidInput (a bad name or tenant, a shared
+        set named with a tenant, a handler without types); rides out Redis being away."""
         if not isinstance(name, str) or not SERVER_NAME.fullmatch(name):
             raise InvalidInput(
                 f"invalid tool set name {name!r}: 1 to 32 letters, digits, '_' or '-'"
             )
+        if tenant is not None:
+            check_tenant(tenant)
+            if name in self.settings.shared_tool_sets:
+                raise InvalidInput(
+                    f"tool set {name} is shared with every tenant (HARNESS_SHARED_TOOL_SETS): "
+                    "serve it without a tenant"
+                )
         try:
             tools = tool_set(handlers)
         except ValueError as exc:
             raise InvalidInput(f"tool set {name}: {exc}") from None
-        server = tool_calls.ToolServer(self.redis, self.keys, name, tools, lease_s=lease_s)
+        server = tool_calls.ToolServer(
+            self.redis, self.keys, name, tools, tenant=tenant, lease_s=lease_s
+        )
         server.serve(stop)
 
     @_translate

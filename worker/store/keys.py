@@ -301,11 +301,14 @@ class Keys:
 
     def tool_calls(self, tool_set: str) -> str:
         """A stream of the calls of one tool set (``--tools NAME``) for its servers to claim
-        (consumer group ``servers``), whatever run made them."""
+        (consumer group ``servers``), whatever run made them. ``tool_set`` is the set's name
+        as shared state knows it: a tenant's own set's is ``TENANT.NAME``
+        (:func:`worker.options.tenant_names.owned`)."""
         return f"{self.prefix}:tools:{tool_set}:calls"
 
     def tool_definitions(self, tool_set: str) -> str:
-        """The set's tools as its servers last published them (JSON: ``tools/list``)."""
+        """The set's tools as its servers last published them (JSON: ``tools/list``);
+        ``tool_set`` as in :meth:`tool_calls`."""
         return f"{self.prefix}:tools:{tool_set}:definitions"
 
     def run_keys(self, run_id: str) -> tuple[str, ...]:

@@ -1,7 +1,11 @@
 """Tool calls as durable requests in Redis, answered by producer code (``--tools NAME``).
 
 The run's endpoint adds each call to the set's stream (:meth:`Keys.tool_calls`: run id,
-call id, tool, arguments, deadline) and waits on the call's reply list. Every server of the
+call id, tool, arguments, deadline) and waits on the call's reply list. A set is its
+tenant's: a run of tenant T that names ``orders`` reaches T's ``orders``, served with
+``tenant=T``, never another tenant's nor the one served without a tenant, unless the operator
+shares that name with every tenant (``HARNESS_SHARED_TOOL_SETS``;
+:func:`worker.options.tenant_names.owned` names the stream). Every server of the
 set (:class:`ToolServer`: ``HarnessClient.serve_tools``, ``harness tools serve``) reads the
 stream in one consumer group, so each call goes to one of them; a server holds its claim
 while its handler runs (it renews it every third of the lease), and a server that dies
@@ -19,11 +23,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import redis
 
+from worker.options.tenant_names import owned
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, StreamEntry, SyncRedis
 from worker.tools.backend import BackendError, Reply
@@ -113,8 +118,10 @@ def withdraw(client: SyncRedis, keys: Keys, tool_set: str, entry_id: str) -> Non
 class ToolServer:
     """Answers one tool set's calls for every run that attached it, until stopped.
 
-    Several may serve one set (each a consumer of the set's group). ``lease_s`` is how long
-    a claim of a server that stopped renewing it holds before another server takes the call.
+    ``tenant``: the set is that tenant's own, for its runs only (None: the set runs made
+    without a tenant attach, and every tenant's when the operator shares its name). Several
+    may serve one set (each a consumer of the set's group). ``lease_s`` is how long a claim
+    of a server that stopped renewing it holds before another server takes the call.
     """
 
     def __init__(
@@ -124,15 +131,17 @@ class ToolServer:
         tool_set: str,
         tools: Mapping[str, Tool],
         *,
+        tenant: str | None = None,
         lease_s: float = DEFAULT_LEASE_S,
         consumer: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client, self.keys, self.tool_set, self.tools = client, keys, tool_set, tools
+        self.stored = owned(tenant, tool_set)
         self.lease_s = lease_s
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.clock = clock
-        self.stream = keys.tool_calls(tool_set)
+        self.stream = keys.tool_calls(self.stored)
         self.answered = 0
 
     def serve(self, stop: threading.Event | None = None, *, block_s: float = 1.0) -> None:
@@ -143,8 +152,8 @@ class ToolServer:
         while not stop.is_set():
             try:
                 if not ready:
-                    ensure_group(self.client, self.keys, self.tool_set)
-                    publish_definitions(self.client, self.keys, self.tool_set, self.tools)
+                    ensure_group(self.client, self.keys, self.stored)
+                    publish_definitions(self.client, self.keys, self.stored, self.tools)
                     ready = True
                 self.serve_one(block_s)
             except redis.ResponseError as exc:
@@ -152,7 +161,7 @@ class ToolServer:
                     raise
                 ready = False  # the stream was removed: made again
             except REDIS_ERRORS:
-                log.warning("tools.redis_unavailable", extra={"tool_set": self.tool_set})
+                log.warning("tools.redis_unavailable", extra={"tool_set": self.stored})
                 ready = False
                 stop.wait(1.0)
 
@@ -172,7 +181,7 @@ class ToolServer:
         claimed = reply[1] if len(reply) > 1 else []
         for entry_id, fields in claimed:
             if fields:  # an entry deleted meanwhile comes back without its fields
-                log.info("tools.call_reclaimed", extra={"tool_set": self.tool_set})
+                log.info("tools.call_reclaimed", extra={"tool_set": self.stored})
                 return entry_id, fields
         return None
 
@@ -221,7 +230,7 @@ class ToolServer:
         except ToolError as exc:
             return Reply(False, str(exc)[:ERROR_LIMIT])
         except Exception as exc:  # noqa: BLE001 (a handler's failure is the harness's answer)
-            log.info("tools.handler_raised", extra={"tool_set": self.tool_set, "tool": name})
+            log.info("tools.handler_raised", extra={"tool_set": self.stored, "tool": name})
             return Reply(False, f"{type(exc).__name__}: {exc}"[:ERROR_LIMIT])
 
     def _keep_claim(self, entry_id: str, done: threading.Event) -> None:
@@ -230,7 +239,7 @@ class ToolServer:
             try:
                 self.client.xclaim(self.stream, GROUP, self.consumer, 0, [entry_id], justid=True)
             except REDIS_ERRORS:
-                log.warning("tools.claim_not_renewed", extra={"tool_set": self.tool_set})
+                log.warning("tools.claim_not_renewed", extra={"tool_set": self.stored})
 
     def _done(self, entry_id: str) -> None:
         self.client.xack(self.stream, GROUP, entry_id)
@@ -240,14 +249,25 @@ class ToolServer:
 class RedisToolSet:
     """The endpoint's side of a tool set (an :class:`~worker.tools.endpoint.Backend`): a
     call is submitted for the set's servers and waited for; one unanswered by its deadline
-    is withdrawn and answered with an error."""
+    is withdrawn and answered with an error. ``tenant`` is the run's: the set reached is
+    that tenant's own, unless ``shared`` (the operator's shared sets) names it."""
 
-    def __init__(self, client: SyncRedis, keys: Keys, run_id: str, tool_set: str) -> None:
+    def __init__(
+        self,
+        client: SyncRedis,
+        keys: Keys,
+        run_id: str,
+        tool_set: str,
+        *,
+        tenant: str | None = None,
+        shared: Collection[str] = (),
+    ) -> None:
         self.client, self.keys, self.run_id, self.tool_set = client, keys, run_id, tool_set
+        self.stored = owned(tenant, tool_set, shared=shared)
 
     def list_tools(self) -> list[dict[str, Any]]:
         try:
-            return definitions(self.client, self.keys, self.tool_set)
+            return definitions(self.client, self.keys, self.stored)
         except REDIS_ERRORS as exc:
             raise BackendError(f"tool set {self.tool_set} is unreachable: {exc}") from None
 
@@ -258,15 +278,15 @@ class RedisToolSet:
             raise BackendError(f"tool set {self.tool_set} is unreachable: {exc}") from None
 
     def _call(self, call_id: str, tool: str, arguments: dict[str, Any], deadline: float) -> Reply:
-        ensure_group(self.client, self.keys, self.tool_set)
+        ensure_group(self.client, self.keys, self.stored)
         submitted = time.time()
         entry = submit(
-            self.client, self.keys, self.tool_set, run_id=self.run_id, call_id=call_id,
+            self.client, self.keys, self.stored, run_id=self.run_id, call_id=call_id,
             tool=tool, arguments=json.dumps(arguments), deadline=deadline,
         )  # fmt: skip
         reply = wait_reply(self.client, self.keys, self.run_id, call_id, deadline)
         if reply is not None:
             return reply
-        withdraw(self.client, self.keys, self.tool_set, entry)
+        withdraw(self.client, self.keys, self.stored, entry)
         waited = round(max(deadline - submitted, 0), 1)
         return Reply(False, f"no server of tool set {self.tool_set} answered within {waited:g}s")

@@ -96,10 +96,12 @@ def serve(
     placement: Placement,
     workspace: Path,
     masker: Masker,
+    *,
+    tenant: str | None = None,
 ) -> Iterator[TurnTools | None]:
     """The turn's endpoint while the block runs (None when the run attached nothing).
     ``workspace`` is the run's workspace on this host (``placement.workspace`` is where the
-    harness sees it)."""
+    harness sees it); ``tenant`` the run's (its tool sets are that tenant's own)."""
     if not options.tools and not options.mcp:
         yield None
         return
@@ -107,7 +109,7 @@ def serve(
     directory, displaced = _endpoint_directory(workspace, home)
     try:
         endpoint, servers = _open(
-            deps, run_id, turn, options, placement, workspace, masker, directory
+            deps, run_id, turn, options, placement, workspace, masker, directory, tenant
         )
         for what in displaced:
             log.warning("tools.endpoint_replaced", extra={"run_id": run_id, "found": what})
@@ -163,13 +165,17 @@ def _open(
     workspace: Path,
     masker: Masker,
     directory: int,
+    tenant: str | None,
 ) -> tuple[RunEndpoint, tuple[McpServer, ...]]:
     """The turn's endpoint, open in ``directory``, and the servers it serves."""
     settings = deps.settings
     home = PurePosixPath(placement.home).relative_to(placement.workspace)
     inside = f"{placement.home}/{DIRECTORY}"
     backends: dict[str, Backend] = {
-        name: RedisToolSet(deps.redis, deps.keys, run_id, name) for name in options.tools
+        name: RedisToolSet(
+            deps.redis, deps.keys, run_id, name, tenant=tenant, shared=settings.shared_tool_sets
+        )
+        for name in options.tools
     }
     for name in options.mcp:
         backends[name] = Upstream(name, settings.mcp_servers[name])

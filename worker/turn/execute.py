@@ -144,7 +144,7 @@ def _run(
     """The steps of a claimed turn: admit it, prepare its workspace and sandbox, run the
     harness (again, fresh, when its resume is rejected), record what it did, and close."""
     with tracing.turn_span(options.harness, payload.run_id, payload.turn, options.model):
-        run = _TurnRun(deps, payload, options, life)
+        run = _TurnRun(deps, payload, options, life, record.tenant)
         admitted = run.admit(record)
         if isinstance(admitted, str):
             return admitted
@@ -176,9 +176,17 @@ class _TurnRun:
     """One claimed turn's state across its steps (:func:`_run`)."""
 
     def __init__(
-        self, deps: TurnDeps, payload: TurnPayload, options: RunOptions, life: TurnLife
+        self,
+        deps: TurnDeps,
+        payload: TurnPayload,
+        options: RunOptions,
+        life: TurnLife,
+        tenant: str | None,
     ) -> None:
         self.deps, self.payload, self.options, self.life = deps, payload, options, life
+        self.tenant = tenant
+        """The run's API tenant: the names its producer chose (tool sets, a durable
+        workspace) are that tenant's own (worker/options/tenant_names.py)."""
         self.run_id, self.turn = payload.run_id, payload.turn
         self.wait = life.patience.call
         self.adapter = adapters.get(options.harness)
@@ -300,7 +308,9 @@ class _TurnRun:
             # Before the container exists: should this worker die while it is made, the run's
             # next turn must come to this host (and find it), not start a second one elsewhere.
             self.wait(lambda: deps.store.update(run_id, queue=host_queue))
-        work = workspace_steps.run_workspace(sandbox, run_id, self.options, deps.settings)
+        work = workspace_steps.run_workspace(
+            sandbox, run_id, self.options, deps.settings, tenant=self.tenant
+        )
         self.rewinds_pending = self.wait(
             lambda: workspace_steps.wait_for_rewind(deps.redis, deps.keys, run_id)
         )
@@ -314,7 +324,7 @@ class _TurnRun:
                 return self.refuse(session_error(str(exc), "invalid-input"), run_status="failed")
         try:
             with tracing.span("prepare sandbox", {"harness.sandbox": sandbox.backend}):
-                placement = self._place(sandbox, resolved, record)
+                placement = self._place(sandbox, resolved, record, work.key)
         except _Refused as refused:
             return refused.label
         self._record_placement(placement, resolved, record, seeded or RecordChanges())
@@ -334,7 +344,9 @@ class _TurnRun:
             )
         return sandbox, placement, work
 
-    def _place(self, sandbox: Sandbox, resolved: Resolved, record: RunRecord) -> Placement:
+    def _place(
+        self, sandbox: Sandbox, resolved: Resolved, record: RunRecord, workspace_key: str | None
+    ) -> Placement:
         deps, settings, run_id, options = self.deps, self.deps.settings, self.run_id, self.options
         lease_until = time.time() + settings.run_lease_s
         self.lease_until = lease_until
@@ -347,7 +359,7 @@ class _TurnRun:
                     limits=Limits(resolved.memory, resolved.cpus, resolved.pids),
                     user=settings.container_user,
                     read_only_root=settings.read_only_root,
-                    workspace_key=options.workspace,
+                    workspace_key=workspace_key,
                     labels={
                         LABEL_WORKER: deps.worker_id,
                         LABEL_LEASE: f"{lease_until:.0f}",
@@ -515,7 +527,7 @@ class _TurnRun:
         last ``tool-call``/``tool-result`` events published after it, before the terminal."""
         with turn_tools.serve(
             self.deps, self.run_id, self.turn, self.options, placement, work.path,
-            self.out.publisher.masker,
+            self.out.publisher.masker, tenant=self.tenant,
         ) as tools:  # fmt: skip
             if tools is not None:
                 self.out.tools = tools.endpoint

@@ -96,7 +96,7 @@ def _serve(deps: TurnDeps, request: WorkspaceRequest, writer: ReplyWriter) -> st
     if options is None:
         raise RunNotFound(request.run_id)
     sandbox = deps.sandbox_for(record.sandbox or deps.settings.sandbox)
-    work = run_workspace(sandbox, request.run_id, options, deps.settings)
+    work = run_workspace(sandbox, request.run_id, options, deps.settings, tenant=record.tenant)
     taken = work.store.turns() if work.store.exists() else []
     if not taken:
         writer.fail(

@@ -37,6 +37,7 @@ from sandbox.workspace import make_owned_workspace, parse_user, workspace_dir
 from worker.deps import TurnDeps
 from worker.errors import InvalidInput
 from worker.options.spec import RunOptions
+from worker.options.tenant_names import owned
 from worker.store.keys import Keys, SyncRedis
 from worker.store.records import RecordChanges
 from worker.store.transfer import BinaryRedis, binary_client, receive_upload
@@ -57,22 +58,34 @@ class RunWorkspace:
     store: SnapshotStore
     uid: int
     gid: int
+    key: str | None = None
+    """A durable workspace's name on the host (the sandbox's ``workspace_key``): its
+    tenant's own; None for the run's own workspace."""
 
 
 def run_workspace(
-    sandbox: Sandbox, run_id: str, options: RunOptions, settings: Settings
+    sandbox: Sandbox,
+    run_id: str,
+    options: RunOptions,
+    settings: Settings,
+    *,
+    tenant: str | None,
 ) -> RunWorkspace:
+    """The run's workspace on this host; ``tenant`` the run's (a durable workspace's name is
+    that tenant's own: another tenant naming it gets a workspace of its own)."""
     root = sandbox.root
     if sandbox.backend == "docker":
         uid, gid = parse_user(settings.container_user)
     else:
         uid, gid = os.getuid(), os.getgid()
+    key = owned(tenant, options.workspace) if options.workspace else None
     return RunWorkspace(
         run_id,
-        workspace_dir(root, run_id, options.workspace),
+        workspace_dir(root, run_id, key),
         SnapshotStore(root, run_id, snapshot_limits(settings)),
         uid,
         gid,
+        key,
     )
 
 
@@ -128,7 +141,7 @@ def seed(
         # (nor the workspace made here: the sandbox makes it, or a warm one takes its place).
         return _baseline(work, lambda: work.store.take_empty(0, BASELINE_MESSAGE))
     workspace, created, _ = make_owned_workspace(
-        work.store.root, work.run_id, options.workspace, work.uid, work.gid
+        work.store.root, work.run_id, work.key, work.uid, work.gid
     )
     if unseeded:
         return _baseline(work, lambda: work.store.take(workspace, 0, BASELINE_MESSAGE))
