@@ -897,6 +897,10 @@ class HarnessClient:
     ) -> dict[str, Any]:
         """Tear the run down (process, container, workspace per scope, credential). Idempotent.
 
+        From the moment this returns, with or without ``wait``, the run takes no more turns
+        (:meth:`submit_turn` raises RunEnded): it is marked as ending before anything else,
+        and a turn begun before the mark is cancelled here.
+
         With ``wait``, waits up to ``timeout`` seconds for a worker on the run's queue to
         confirm; past that the run is ended here (credential revoked, the sandbox left to the
         reaper) and ``last_error`` says so. ``on_wait`` is called once, if the teardown is not
@@ -904,7 +908,9 @@ class HarnessClient:
         "run_id", "queue", "alive" (a live worker consumes the queue), "timeout_s"}``.
         """
         check_run_id(run_id)
-        record = self.store.get(run_id)
+        if self.store.request_end(run_id) == "ended":
+            return self.store.get(run_id)
+        record = self.store.get(run_id)  # read after the mark: any turn begun is in it
         if record["status"] == "ended":
             return record
         if record["status"] in IN_FLIGHT:

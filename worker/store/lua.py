@@ -136,6 +136,10 @@ class Scripts:
         code, detail = reply
         return int(code), str(detail)
 
+    def request_end(self, record: str, now: float) -> str:
+        """See ``request_end.lua``: the run's status ('' when unknown), marked as ending."""
+        return _text(self._call("request_end", [record], [now])) or ""
+
     def mark_running(self, record: str, now: float, fields: dict[str, str]) -> bool:
         return bool(self._call("mark_running", [record], _now_and_pairs(now, fields)))
 

@@ -124,6 +124,9 @@ class RunRecord(BaseModel):
     API. Only that tenant sees the run through the API."""
     webhook_url: str | None = None
     """Where the API delivers the run's terminal events and its end (worker/api/webhooks.py)."""
+    end_requested_at: float | None = None
+    """When a producer asked to end the run (``request_end.lua``): from then on it takes no
+    more turns, while its worker tears it down (``status`` says ``ended`` once done)."""
 
     @classmethod
     def decode(cls, raw: Mapping[str, str]) -> RunRecord:
@@ -393,6 +396,14 @@ class RunStore:
         if code == -3:
             raise RunEnded(run_id, detail)
         return code
+
+    def request_end(self, run_id: str) -> str:
+        """Mark the run as asked to end: no turn is begun after this returns
+        (``request_end.lua``). Its status as the mark found it; RunNotFound when unknown."""
+        status = self._scripts.request_end(self.keys.run(run_id), time.time())
+        if not status:
+            raise RunNotFound(run_id)
+        return status
 
     def mark_running(self, run_id: str, **changes: Unpack[RecordChanges]) -> None:
         """Move a new run from ``starting`` to ``running`` (its first turn has its sandbox),
