@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from worker.options.spec import RunOptions
+from worker.options.spec import BUDGET_MAXIMA, RunOptions
 
 _STRICT = ConfigDict(extra="forbid")
 NOT_OVER_HTTP = ("harness", "archive", "archive_bytes", "producer", "key_slots")
@@ -93,10 +93,10 @@ class BudgetChange(BaseModel):
 
     model_config = _STRICT
 
-    max_cost_usd: float | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=0)
-    max_turns: int | None = Field(None, ge=0)
-    max_wall_s: float | None = Field(None, ge=0)
+    max_cost_usd: float | None = Field(None, ge=0, le=BUDGET_MAXIMA["max_cost_usd"])
+    max_tokens: int | None = Field(None, ge=0, le=BUDGET_MAXIMA["max_tokens"])
+    max_turns: int | None = Field(None, ge=0, le=BUDGET_MAXIMA["max_turns"])
+    max_wall_s: float | None = Field(None, ge=0, le=BUDGET_MAXIMA["max_wall_s"])
 
 
 class RunPage(BaseModel):

@@ -4,11 +4,9 @@ into a turn, and the JSON Schema its answer must meet."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from worker.errors import InvalidInput
-from worker.options.output_schema import read_output_schema
+from worker.options.output_schema import load_output_schema
 from worker.options.spec import SCHEMA_HARD_MAX_BYTES
 
 
@@ -40,11 +38,4 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def schema(path: str | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise InvalidInput(f"cannot read the output schema {path!r}: {reason}") from None
-    return read_output_schema(text, repr(path), SCHEMA_HARD_MAX_BYTES)
+    return None if path is None else load_output_schema(path, SCHEMA_HARD_MAX_BYTES)

@@ -18,6 +18,8 @@ from pydantic import (
 from adapters import HARNESS_IDS
 from worker.errors import InvalidInput
 from worker.options.output_schema import check_output_schema
+from worker.options.schema_regex import PatternError
+from worker.permissions import rules as permission_rules
 
 SCHEMA_HARD_MAX_BYTES = 1024 * 1024
 """A schema's size the options accept at all; the operator's bound is checked by policy."""
@@ -96,6 +98,16 @@ SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 of the tools' names each CLI shows its model."""
 MAX_SERVERS = 16
 """At most this many tool sets, and as many MCP servers, attached to one run."""
+MAX_RULES = 100
+"""At most this many ``--allow`` patterns, and as many ``--deny``."""
+BUDGET_MAXIMA: dict[str, int] = {
+    "max_cost_usd": 1_000_000,
+    "max_tokens": 10**12,
+    "max_turns": 1_000_000,
+    "max_wall_s": 10**9,
+}
+"""The largest value of each budget limit a producer may ask for (here, in ``harness
+budget`` and in the API's ``PATCH .../budget``), whatever the operator's ceiling."""
 
 
 class RunOptions(BaseModel):
@@ -127,13 +139,13 @@ class RunOptions(BaseModel):
     pids: int | None = Field(None, gt=0, le=10_000_000)
     workspace: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     """A durable workspace name shared across runs; None gives the run its own."""
-    max_cost_usd: float | None = Field(None, gt=0, le=1_000_000)
+    max_cost_usd: float | None = Field(None, gt=0, le=BUDGET_MAXIMA["max_cost_usd"])
     """The run's budget in USD (``worker.spend.budgets``), within the operator's ceiling."""
-    max_tokens: int | None = Field(None, gt=0, le=10**12)
+    max_tokens: int | None = Field(None, gt=0, le=BUDGET_MAXIMA["max_tokens"])
     """The run's budget in tokens, input (replayed context included) plus output."""
-    max_turns: int | None = Field(None, gt=0, le=1_000_000)
+    max_turns: int | None = Field(None, gt=0, le=BUDGET_MAXIMA["max_turns"])
     """The most turns the run may begin (turns the worker sends again after a park count)."""
-    max_wall_s: float | None = Field(None, gt=0, le=10**9)
+    max_wall_s: float | None = Field(None, gt=0, le=BUDGET_MAXIMA["max_wall_s"])
     """The most seconds the run's turns may run in all."""
     on_limit: Literal["park", "fail"] | None = None
     """A turn that meets a rate limit or a quota with a reset: park the run until the reset
@@ -205,6 +217,8 @@ class RunOptions(BaseModel):
     @field_validator("allow", "deny")
     @classmethod
     def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) > MAX_RULES:
+            raise ValueError(f"at most {MAX_RULES} patterns (each is tried on every request)")
         for pattern in value:
             # Patterns become argv values of variadic flags: a leading "-" would be a flag.
             if not pattern or len(pattern) > 500 or _CONTROL.search(pattern) or pattern[0] == "-":
@@ -212,6 +226,10 @@ class RunOptions(BaseModel):
                     f"invalid tool pattern {shown(pattern)}: 1 to 500 characters, no "
                     "control characters, not starting with '-'"
                 )
+            try:
+                permission_rules.check_pattern(pattern)
+            except PatternError as exc:
+                raise ValueError(f"invalid tool pattern {shown(pattern)}: {exc}") from None
         return value
 
     @field_validator("grants")

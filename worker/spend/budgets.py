@@ -37,7 +37,7 @@ from adapters.events import (
 )
 from config import Settings
 from worker.errors import InvalidInput
-from worker.options.spec import RunOptions
+from worker.options.spec import BUDGET_MAXIMA, RunOptions
 from worker.store.records import RunRecord
 
 
@@ -131,6 +131,8 @@ def check(asked: Mapping[str, Any], settings: Settings, *, fill: bool = False) -
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise InvalidInput(f"{name}: must be a number above 0, not {value!r}")
+        if not value <= BUDGET_MAXIMA[name]:  # inf too (nan is not above 0)
+            raise InvalidInput(f"{name}: must be at most {BUDGET_MAXIMA[name]:g}")
         if ceiling is not None and value > ceiling:
             raise InvalidInput(
                 f"{name} {value:g} is above the operator's ceiling {ceiling:g} "

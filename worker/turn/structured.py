@@ -8,64 +8,96 @@ text (``structured``), else the one in the final text (the whole text, a fenced 
 block, or the outermost object or array in it), validated with ``jsonschema``. A value that
 validates becomes ``structured``; anything else ends the turn with ``session-error`` reason
 ``invalid-output`` naming the first violation, never a ``turn-complete`` without one.
+
+The schema is a producer's and the answer a model's, so the check runs in a process of its
+own (``worker.turn.answer_check``), with its patterns on RE2, killed after ``CHECK_SECONDS``:
+a costly schema or answer costs that turn its check, never another turn of the worker its
+thread's share of the GIL. An answer not checked in time is not taken as meeting the schema
+(``invalid-output``).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import logging
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
-
-import jsonschema
-from jsonschema.exceptions import best_match
 
 from adapters.events import Event, TurnComplete, session_error
 
-_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n\s*```", re.DOTALL | re.IGNORECASE)
-_NO_VALUE = object()
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 10.0
+"""How long one answer's check may take: a schema of ordinary size checks an 8 MiB answer
+in well under a second; past this the check is killed."""
 EXCERPT_CHARS = 200
+TOO_DEEP = "the answer (or the schema's references) nest too deep to check"
+_ROOT = str(Path(__file__).resolve().parents[2])
+"""Where the ``worker`` package is, for the checking process's ``PYTHONPATH``."""
 
 
-def candidate(text: str) -> Any:
-    """The JSON value in an answer's text, or ``_NO_VALUE``."""
-    texts = [text.strip(), *(m.group(1) for m in _FENCE.finditer(text))]
-    for opener, closer in (("{", "}"), ("[", "]")):
-        start, end = text.find(opener), text.rfind(closer)
-        if 0 <= start < end:
-            texts.append(text[start : end + 1])
-    for piece in texts:
-        try:
-            return json.loads(piece)
-        except ValueError:
-            continue
-    return _NO_VALUE
-
-
-def check(terminal: Event, schema: Mapping[str, Any] | None) -> Event:
+def check(
+    terminal: Event, schema: Mapping[str, Any] | None, *, seconds: float = CHECK_SECONDS
+) -> Event:
     """``terminal`` with its ``structured`` value, or the ``invalid-output`` error in its
     place. Anything but a ``turn-complete``, or a turn without a schema, is left as it is."""
     if schema is None or not isinstance(terminal, TurnComplete):
         return terminal
-    value = terminal.structured
-    if value is None:
-        value = candidate(terminal.text)
+    found = _verdict(terminal, schema, seconds)
     excerpt = terminal.text.strip()[:EXCERPT_CHARS]
-    if value is _NO_VALUE:
-        return session_error(
+    if found["verdict"] == "valid":
+        return terminal.model_copy(update={"structured": found["value"]})
+    if found["verdict"] == "none":
+        error = (
             f"the answer holds no JSON value, and the turn's output schema asks for one "
-            f"(the answer begins: {excerpt!r})",
-            "invalid-output",
-            exit_code=terminal.exit_code,
+            f"(the answer begins: {excerpt!r})"
         )
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    violation = best_match(validator.iter_errors(value))
-    if violation is not None:
-        where = "/" + "/".join(str(p) for p in violation.absolute_path)
-        return session_error(
-            f"the answer does not match the turn's output schema: {violation.message} "
-            f"(at {where if where != '/' else 'the top level'}; the answer begins: {excerpt!r})",
-            "invalid-output",
-            exit_code=terminal.exit_code,
+    elif found["verdict"] == "mismatch":
+        where = found["at"] if found["at"] != "/" else "the top level"
+        error = (
+            f"the answer does not match the turn's output schema: {found['message']} "
+            f"(at {where}; the answer begins: {excerpt!r})"
         )
-    return terminal.model_copy(update={"structured": value})
+    else:
+        error = (
+            f"the answer could not be checked against the turn's output schema: "
+            f"{found['why']} (the answer begins: {excerpt!r})"
+        )
+    return session_error(error, "invalid-output", exit_code=terminal.exit_code)
+
+
+def _verdict(terminal: TurnComplete, schema: Mapping[str, Any], seconds: float) -> Any:
+    try:
+        request = json.dumps(
+            {"schema": schema, "structured": terminal.structured, "text": terminal.text}
+        ).encode()
+    except RecursionError:
+        return {"verdict": "unchecked", "why": TOO_DEEP}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.turn.answer_check", str(seconds)],
+            input=request,
+            capture_output=True,
+            timeout=seconds,
+            env={"PYTHONPATH": _ROOT},  # none of the worker's secrets
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        log.warning("structured.check_timeout", extra={"seconds": seconds})
+        return {
+            "verdict": "unchecked",
+            "why": f"its check took over {seconds:g} s (the schema's patterns or references, "
+            "or the answer's size, make it too costly)",
+        }
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        tail = done.stderr.decode("utf-8", "replace")[-2000:]
+        log.warning("structured.check_failed", extra={"exit_code": done.returncode, "stderr": tail})
+        return {
+            "verdict": "unchecked",
+            "why": f"its check ended without a verdict (exit status {done.returncode})",
+        }
