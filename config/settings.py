@@ -331,7 +331,15 @@ class Settings(BaseSettings):
     """Hosts a webhook may be delivered to: ``*`` is any host whose addresses are all
     public; a loopback, private or metadata address only when named here."""
     webhook_timeout_s: float = Field(10.0, gt=0)
-    """One delivery attempt's timeout."""
+    """One delivery attempt's deadline, all of it: resolving the host, connecting, sending,
+    the reply's status (a receiver that trickles its reply is cut off here)."""
+    webhook_concurrency: int = Field(50, gt=0)
+    """Deliveries in flight at once on one API process."""
+    webhook_per_tenant: int = Field(10, gt=0)
+    """Of those, how many one tenant's deliveries may hold (a slow receiver of one tenant
+    holds no more than this; the others go on)."""
+    webhook_per_host: int = Field(10, gt=0)
+    """Of those, how many may go to one ``host:port`` at once (whoever's they are)."""
     webhook_retry_for_s: float = Field(24 * 3600.0, gt=0)
     """A delivery no 2xx has answered is retried, with backoff, for this long."""
     webhook_backoff_s: float = Field(1.0, gt=0)
@@ -475,6 +483,9 @@ class Settings(BaseSettings):
     def _coherent(self) -> Settings:
         if self.turn_timeout_s > self.max_turn_timeout_s:
             raise ValueError("HARNESS_TURN_TIMEOUT_S exceeds HARNESS_MAX_TURN_TIMEOUT_S")
+        if self.webhook_lease_s <= self.webhook_timeout_s:
+            # A delivery still being sent would be taken, and sent again, by another process.
+            raise ValueError("HARNESS_WEBHOOK_LEASE_S must exceed HARNESS_WEBHOOK_TIMEOUT_S")
         return self
 
     @property

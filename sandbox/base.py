@@ -28,8 +28,11 @@ it (the backends' and the workspace store's, :mod:`sandbox.store`); every foreig
     ├── StartFailed              the harness process could not be started
     ├── GitError                 a git process of the store failed or timed out
     ├── UnsafePath               a workspace path could not be written without following a link
+    ├── AddressRefused           a host resolves to an address that is not public
+    ├── Unresolvable             a host name does not resolve (now)
     ├── SeedError                a workspace could not be seeded
-    │   └── ArchiveRefused       an archive broke a rule (invalid input)
+    │   ├── ArchiveRefused       an archive broke a rule (invalid input)
+    │   └── SeedUnreachable      the repository could not be reached now (worth retrying)
     └── SnapshotError            a snapshot operation failed
         ├── ExportTooLarge       an export would pass its ceiling
         └── UnknownSnapshot      no snapshot of that turn
@@ -90,6 +93,15 @@ class UnsafePath(SandboxError):
     """A path could not be written or removed without following a link (or at all)."""
 
 
+class AddressRefused(SandboxError, ValueError):
+    """A host named by a producer or a tenant resolves to an address that is not public
+    (:func:`sandbox.addresses.is_public`); the message names the host and the address."""
+
+
+class Unresolvable(SandboxError, OSError):
+    """A host name has no address now (a later lookup may find one)."""
+
+
 class SeedError(SandboxError):
     """A workspace could not be seeded. The message is safe to show a producer: it never holds
     a credential."""
@@ -99,6 +111,12 @@ class ArchiveRefused(SeedError):
     """An archive was refused (the caller maps this to ``invalid-input``); the message names the
     member and the rule it broke. Nothing was written outside the workspace, and what was
     written inside it has been removed."""
+
+
+class SeedUnreachable(SeedError):
+    """The repository could not be read now: its host did not resolve, did not answer, or
+    failed mid-transfer (not a wrong URL or ref, not one policy refuses). A later attempt may
+    succeed; nothing was left behind."""
 
 
 class SnapshotError(SandboxError):

@@ -35,8 +35,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from sandbox.addresses import refused_networks
 from sandbox.base import Denial
-from sandbox.network import PRIVATE_RANGES, EgressConfig, Endpoint, is_ip, split_target
+from sandbox.network import EgressConfig, Endpoint, is_ip, split_target
 
 LABEL_GATEWAY = "harness.egress_gateway"
 """On the gateway container: the scope it serves."""
@@ -106,9 +107,14 @@ def render_squid_conf(config: EgressConfig, clients: Mapping[str, Iterable[Endpo
     ]
     if config.resolvers:
         lines.append("dns_nameservers " + " ".join(config.resolvers))
+    refused = refused_networks()
+    lines.append("acl CONNECT method CONNECT")
+    # Every address sandbox.addresses.is_public refuses (an IPv6 form carrying a private
+    # IPv4 address included), a line of networks at a time (lines of one ACL add up).
     lines += [
-        "acl CONNECT method CONNECT",
-        f"acl to_private dst {' '.join(PRIVATE_RANGES)}",
+        f"acl to_private dst {' '.join(refused[i : i + 16])}" for i in range(0, len(refused), 16)
+    ]
+    lines += [
         "http_access deny manager",
         "deny_info ERR_HARNESS_ADMIN manager",
     ]

@@ -22,18 +22,28 @@ is listed there), then snapshot turn 0.
 from __future__ import annotations
 
 import base64
+import functools
 import ipaddress
 import os
 import re
-import socket
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from sandbox.base import ArchiveRefused, GitError, SeedError, SnapshotError, UnsafePath
+from sandbox.addresses import resolve_public
+from sandbox.base import (
+    AddressRefused,
+    ArchiveRefused,
+    GitError,
+    SeedError,
+    SeedUnreachable,
+    SnapshotError,
+    Unresolvable,
+    UnsafePath,
+)
 from sandbox.store.archives import ArchiveLimits, extract_archive, list_names_of
 from sandbox.store.git_objects import BlobReader, ls_tree
 from sandbox.store.git_run import empty_home, redact, run_git
@@ -44,13 +54,16 @@ from sandbox.store.snapshots import SEED, SnapshotStore, SnapshotSummary
 __all__ = [
     "ArchiveLimits",
     "ArchiveRefused",
+    "RepoAddress",
     "SeedError",
+    "SeedUnreachable",
     "check_repo_url",
     "extract_archive",
     "git_auth_env",
     "seed_from_archive",
     "seed_from_repo",
     "take_baseline",
+    "with_git_config",
 ]
 
 _FULL_ID = re.compile(r"[0-9a-f]{40}")
@@ -58,16 +71,89 @@ _FULL_ID = re.compile(r"[0-9a-f]{40}")
 
 # -- policy ------------------------------------------------------------------------------
 
+_HTTP_PORTS = {"http": 80, "https": 443}
 
-def check_repo_url(url: str, schemes: Collection[str], hosts: Collection[str]) -> None:
-    """Refuse (:class:`SeedError`) a URL operator policy does not allow.
+
+@dataclass(frozen=True)
+class RepoAddress:
+    """Where a URL policy allowed is to be reached: the addresses its host's check resolved.
+
+    Empty ``addresses``: reached as named (a host the operator names, an IP literal, a file
+    URL). Otherwise git must connect to these and only these (:meth:`git_config`): a second
+    lookup of the name could answer otherwise (DNS rebinding)."""
+
+    host: str = ""
+    port: int = 0
+    addresses: tuple[str, ...] = ()
+
+    def git_config(self) -> tuple[tuple[str, str], ...]:
+        """git configuration making its HTTP connections to the host go to the checked
+        addresses (libcurl's ``CURLOPT_RESOLVE``); both spellings of a name with a trailing
+        dot are pinned, since the URL keeps it."""
+        if not self.addresses:
+            return ()
+        if git_version() < (2, 37):
+            raise SeedError(
+                "this worker's git is older than 2.37 and cannot be held to the address the "
+                f"host {self.host!r} was checked at; name the host in the policy to allow it"
+            )
+        joined = ",".join(f"[{a}]" if ":" in a else a for a in self.addresses)
+        names = dict.fromkeys((self.host, self.host.rstrip(".")))
+        return tuple(("http.curloptResolve", f"{name}:{self.port}:{joined}") for name in names)
+
+
+def check_repo_url(
+    url: str, schemes: Collection[str], hosts: Collection[str], *, resolve: bool = True
+) -> RepoAddress:
+    """Refuse (:class:`SeedError`) a URL operator policy does not allow; return where its
+    host is to be reached (pass it to :func:`seed_from_repo` and :func:`with_git_config`).
 
     ``schemes``: allowed schemes (``https`` is the usual one; ``file`` only for tests).
     ``hosts``: allowed host names, or ``*`` for any host. A host named explicitly is trusted
-    as named; any other host must resolve only to public addresses (no loopback, private,
-    link-local - the cloud metadata address among them - or reserved one). Credentials in the
-    URL are refused: they are granted, never part of a URL that ends up in ``.git/config``.
+    as named; any other host must resolve only to public addresses
+    (:func:`sandbox.addresses.is_public`: no loopback, private, link-local - the cloud
+    metadata address among them -, multicast or reserved one, nor an IPv6 form carrying
+    one), and is then reached at exactly those addresses, so only over HTTP(S) (git's other
+    transports cannot be held to an address). Credentials in the URL are refused: they are
+    granted, never part of a URL that ends up in ``.git/config``. Blocking (it resolves the
+    host); :class:`SeedUnreachable` when the host does not resolve.
+
+    ``resolve=False``: the host's addresses are left to whoever connects, which must check
+    the address it connects to (the API's webhook client does, worker/api/outbound.py).
     """
+    scheme, named, port = _parse(url, schemes)
+    if scheme == "file":
+        return RepoAddress()
+    host = named.rstrip(".")
+    allowed_hosts = {h.lower().rstrip(".") for h in hosts}
+    if host in allowed_hosts:
+        return RepoAddress()
+    if "*" not in allowed_hosts:
+        raise SeedError(f"the host {host!r} is not allowed (allowed: {', '.join(sorted(hosts))})")
+    if scheme not in _HTTP_PORTS:
+        raise SeedError(
+            f"a {scheme}:// repository is reached only on a host named in the policy (git "
+            "cannot be held to the address a host was checked at but over http and https)"
+        )
+    port = port or _HTTP_PORTS[scheme]
+    if not resolve:
+        return RepoAddress()
+    try:
+        found = resolve_public(host, port)
+    except AddressRefused as exc:
+        raise SeedError(f"{exc}; name the host in the policy to allow it") from None
+    except Unresolvable as exc:
+        raise SeedUnreachable(str(exc)) from None
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return RepoAddress(named, port, tuple(str(a) for a in found))
+    return RepoAddress()  # an IP literal: git connects to it, no name to look up again
+
+
+def _parse(url: str, schemes: Collection[str]) -> tuple[str, str, int | None]:
+    """The scheme, host (lower case, as spelt) and port of a URL that has the shape policy
+    asks for: an allowed scheme, no credentials, a host (none for ``file``)."""
     if any(c.isspace() or ord(c) < 0x20 or c == "\x7f" for c in url):
         raise SeedError("the repository URL holds whitespace or control characters")
     if "://" not in url:
@@ -88,35 +174,36 @@ def check_repo_url(url: str, schemes: Collection[str], hosts: Collection[str]) -
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise SeedError("a file URL names no host")
-        return
-    host = (parts.hostname or "").lower().rstrip(".")
-    if not host:
+        return scheme, "", None
+    named = (parts.hostname or "").lower()
+    if not named.rstrip("."):
         raise SeedError("the repository URL names no host")
-    allowed_hosts = {h.lower().rstrip(".") for h in hosts}
-    if host in allowed_hosts:
-        return
-    if "*" not in allowed_hosts:
-        raise SeedError(f"the host {host!r} is not allowed (allowed: {', '.join(sorted(hosts))})")
-    for address in _addresses(host, port or 443):
-        if not address.is_global:
-            raise SeedError(
-                f"the host {host!r} resolves to {address}, a non-public address; "
-                "name the host in the policy to allow it"
-            )
+    return scheme, named, port
 
 
-def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+@functools.lru_cache(maxsize=1)
+def git_version() -> tuple[int, ...]:
+    """This host's git version (``(0,)`` if it cannot say)."""
     try:
-        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise SeedError(f"cannot resolve the host {host!r}") from exc
-    found = []
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        found.append(address)
-    return found
+        out = run_git(None, ["version"], home=Path("/"), timeout_s=30)
+    except GitError:
+        return (0,)
+    found = re.search(rb"(\d+)\.(\d+)", out)
+    return (int(found[1]), int(found[2])) if found else (0,)
+
+
+def with_git_config(env: Mapping[str, str], config: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``env`` (a git environment, :func:`git_auth_env`'s or empty) with ``config`` added
+    to what it gives git through ``GIT_CONFIG_COUNT``."""
+    merged = dict(env)
+    count = int(merged.get("GIT_CONFIG_COUNT", "0"))
+    for key, value in config:
+        merged[f"GIT_CONFIG_KEY_{count}"] = key
+        merged[f"GIT_CONFIG_VALUE_{count}"] = value
+        count += 1
+    if count:
+        merged["GIT_CONFIG_COUNT"] = str(count)
+    return merged
 
 
 def git_auth_env(secret: str) -> dict[str, str]:
@@ -156,15 +243,22 @@ def seed_from_repo(
     uid: int,
     gid: int,
     timeout_s: float,
+    *,
+    address: RepoAddress | None = None,
 ) -> SnapshotSummary:
     """Fetch ``ref`` (default: the remote HEAD) of ``url`` into the store, write it into the
     fresh ``workspace`` with a working ``.git``, and take snapshot turn 0. ``url`` must have
-    passed :func:`check_repo_url`."""
+    passed :func:`check_repo_url`, and ``address`` be what it returned: git reaches the host
+    there and nowhere else.
+
+    :class:`SeedUnreachable` when the repository could not be read now (worth retrying),
+    :class:`SeedError` for the rest; either way nothing is left behind."""
     if store.exists() and store.turns():
         raise SeedError(f"run {store.run_id} already has snapshots; it cannot be seeded again")
     deadline = time.monotonic() + timeout_s
     before = set(list_names_of(workspace))
     try:
+        env = with_git_config(env, (address or RepoAddress()).git_config())
         store.init()
         chosen = _choose_ref(store, url, ref, env, deadline)
         commit = _fetch(store, url, chosen, env, deadline)
@@ -183,8 +277,30 @@ def seed_from_repo(
 def _remaining(deadline: float) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise SeedError("seeding ran out of time")
+        raise SeedUnreachable("seeding ran out of time")
     return left
+
+
+_NOT_THERE = (
+    "not found",
+    "does not appear to be a git repository",
+    "Authentication failed",
+    "could not read Username",
+    "returned error: 401",
+    "returned error: 403",
+    "returned error: 404",
+    "returned error: 410",
+)
+"""git's words for a repository that is not there for us (wrong URL, no access): the
+producer's to fix, not worth retrying. Any other failure to read a remote is the network's
+or the server's (unreachable, reset, timed out, a 5xx): worth retrying."""
+
+
+def _read_failed(text: str, exc: GitError, env: Mapping[str, str]) -> SeedError:
+    message = redact(f"{text}: {exc}", env)
+    if "timed out" not in str(exc) and any(word in str(exc) for word in _NOT_THERE):
+        return SeedError(message)
+    return SeedUnreachable(message)
 
 
 def _git(
@@ -205,7 +321,7 @@ def _choose_ref(
     try:
         out = _git(store, ["ls-remote", "--symref", url], env, deadline)
     except GitError as exc:
-        raise SeedError(redact(f"cannot read the repository {url}: {exc}", env)) from None
+        raise _read_failed(f"cannot read the repository {url}", exc, env) from None
     refs: dict[str, str] = {}
     head_target = ""
     for line in out.decode("utf-8", "replace").splitlines():
@@ -236,24 +352,27 @@ def _fetch(
     store: SnapshotStore, url: str, chosen: _Ref, env: Mapping[str, str], deadline: float
 ) -> str:
     """Fetch the chosen commit into the store; ``refs/harness/seed`` names it. Packs are kept
-    as packs (``transfer.unpackLimit=1``) so they can be copied into the workspace's .git."""
+    as packs (``transfer.unpackLimit=1``) so they can be copied into the workspace's .git.
+
+    A shallow fetch first; a server that cannot do one (dumb HTTP, which serves files and
+    has no shallow capability; a commit it does not advertise) gets a full fetch: of the
+    ref, or of every branch for a commit id."""
     base = ["-c", "transfer.unpackLimit=1", "fetch", "--quiet", "--no-tags"]
     base += ["--no-recurse-submodules", "--no-write-fetch-head"]
     target = "refs/harness/fetched"
     try:
         _git(store, [*base, "--depth=1", url, f"+{chosen.refname}:{target}"], env, deadline)
     except GitError as exc:
-        if chosen.kind != "commit":
-            raise SeedError(
-                redact(f"cannot fetch {chosen.refname} from {url}: {exc}", env)
-            ) from None
-        # Servers that refuse a shallow fetch of an unadvertised commit: fetch everything.
-        spec = "+refs/heads/*:refs/harness/all/heads/*"
+        if not _no_shallow(exc, chosen):
+            raise _read_failed(f"cannot fetch {chosen.refname} from {url}", exc, env) from None
+        if chosen.kind == "commit":
+            spec, target = "+refs/heads/*:refs/harness/all/heads/*", chosen.refname
+        else:
+            spec = f"+{chosen.refname}:{target}"
         try:
             _git(store, [*base, url, spec], env, deadline)
         except GitError as again:
-            raise SeedError(redact(f"cannot fetch from {url}: {again}", env)) from None
-        target = chosen.refname
+            raise _read_failed(f"cannot fetch from {url}", again, env) from None
     try:
         commit = _git(store, ["rev-parse", "--verify", f"{target}^{{commit}}"], None, deadline)
     except GitError:
@@ -266,6 +385,17 @@ def _fetch(
         if name.decode() != SEED:
             _git(store, ["update-ref", "-d", name.decode()], None, deadline)
     return seed
+
+
+def _no_shallow(exc: GitError, chosen: _Ref) -> bool:
+    """Whether a shallow fetch failed for want of a server that can do it (then a full one
+    may succeed), not for want of a network."""
+    text = str(exc)
+    if "does not support shallow" in text:  # git's dumb HTTP transport, any version
+        return True
+    # A commit id the server does not advertise: refused as "not our ref", "unadvertised
+    # object" or otherwise, depending on the server; a full fetch finds it, if it exists.
+    return chosen.kind == "commit" and "timed out" not in text
 
 
 def _materialize(store: SnapshotStore, workspace: Path, commit: str, uid: int, gid: int) -> None:

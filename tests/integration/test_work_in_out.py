@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -281,6 +282,28 @@ def test_a_failed_clone_ends_the_first_turn_and_leaves_nothing(
     assert not (root / "run" / run_id).exists()
     assert not (root / "snapshots" / run_id).exists()
     assert TOKEN not in worker.logs()
+
+
+def test_an_unreachable_repository_ends_the_first_turn_retryable_and_leaves_nothing(
+    deployment: tuple[Env, WorkerProcess], client: HarnessClient
+) -> None:
+    """Not the producer's mistake: reason ``sandbox`` (retryable), not ``invalid-input``."""
+    env, _ = deployment
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    run_id = client.start_run(
+        "stdio-json", "@complete never", executable=DEMO, repo=f"http://127.0.0.1:{closed}/r.git"
+    )
+    terminal = turn_events(client, run_id, 1)[-1]
+    assert terminal.type == "session-error", terminal
+    assert terminal.data["reason"] == "sandbox" and terminal.data["retryable"] is True
+    assert "cannot read the repository" in terminal.data["error"]
+    assert TOKEN not in terminal.data["error"]
+    assert client.status(run_id)["status"] == "failed"
+    root = Path(env.vars["HARNESS_WORKSPACE_ROOT"]) / "docker"
+    assert not (root / "run" / run_id).exists()
+    assert not (root / "snapshots" / run_id).exists()
 
 
 def test_seed_refusals_up_front(client: HarnessClient, server: GitServer) -> None:

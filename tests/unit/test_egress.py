@@ -4,8 +4,11 @@ tests/security/test_egress.py and tests/e2e/test_egress.py."""
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
+from sandbox.addresses import refused_networks
 from sandbox.docker.egress import (
     parse_denial,
     proxy_environment,
@@ -13,7 +16,6 @@ from sandbox.docker.egress import (
     render_squid_conf,
 )
 from sandbox.network import (
-    PRIVATE_RANGES,
     EgressConfig,
     Endpoint,
     base_url_endpoint,
@@ -81,8 +83,17 @@ def test_squid_conf_allows_each_client_its_own_endpoints_and_refuses_the_rest() 
     assert "172.30.240.6" not in conf  # nothing allowed: no rule at all
     assert "dns_nameservers 10.0.0.53" in lines
     assert "acl pinned dstdomain -n model.test" in lines
-    assert f"acl to_private dst {' '.join(PRIVATE_RANGES)}" in lines
-    assert "169.254.0.0/16" in PRIVATE_RANGES and "127.0.0.0/8" in PRIVATE_RANGES
+    # The refusal of private destinations is sandbox.addresses' rule, whole: every network
+    # it refuses, IPv6 forms carrying a private IPv4 address included.
+    private = [
+        n for line in lines if line.startswith("acl to_private dst ") for n in line.split()[3:]
+    ]
+    assert private == list(refused_networks())
+    networks = [ipaddress.ip_network(n) for n in private]
+    for address in ("127.0.0.1", "169.254.169.254", "224.0.0.1", "fec0::1", "64:ff9b::a9fe:a9fe"):
+        assert any(ipaddress.ip_address(address) in n for n in networks), address
+    for address in ("8.8.8.8", "64:ff9b::808:808", "2606:4700::1111"):
+        assert not any(ipaddress.ip_address(address) in n for n in networks), address
     assert render_hosts(config) == "172.17.0.1 model.test\n"
 
 

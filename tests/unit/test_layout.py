@@ -131,6 +131,8 @@ RULES: dict[str, Rule] = {
     "sandbox/base.py": Rule(frozenset()),
     # What a run may reach: policy shared by the worker and the backends, pure.
     "sandbox/network.py": Rule(frozenset()),
+    # Which addresses are public: one rule for the store's seeds, the backends and the API.
+    "sandbox/addresses.py": Rule(frozenset({"sandbox.base"})),
     # Small shared helpers of the backends (the lowest, small_files and threads, import none
     # of ours).
     "sandbox": Rule(frozenset({"sandbox.base", "sandbox.small_files", "sandbox.threads"})),
@@ -139,11 +141,20 @@ RULES: dict[str, Rule] = {
     # A backend: the boundary, the shared helpers and the store; never the other backend.
     "sandbox/local.py": Rule(BACKEND),
     "sandbox/docker": Rule(
-        BACKEND | {"sandbox.docker", "sandbox.network"}, frozenset({"docker", "requests"})
+        BACKEND | {"sandbox.docker", "sandbox.network", "sandbox.addresses"},
+        frozenset({"docker", "requests"}),
     ),
     # The workspace store knows no backend.
     "sandbox/store": Rule(
-        frozenset({"sandbox.base", "sandbox.small_files", "sandbox.workspace", "sandbox.store"})
+        frozenset(
+            {
+                "sandbox.base",
+                "sandbox.small_files",
+                "sandbox.workspace",
+                "sandbox.store",
+                "sandbox.addresses",
+            }
+        )
     ),
 }
 FIRST_PARTY = {"adapters", "sandbox", "worker", "config", "tests"}

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import os
+import socket
 import tarfile
+import threading
 import zipfile
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,7 @@ from sandbox.store.seeding import (
     ArchiveLimits,
     ArchiveRefused,
     SeedError,
+    SeedUnreachable,
     check_repo_url,
     git_auth_env,
     seed_from_archive,
@@ -243,3 +249,53 @@ def test_refused_archive_seed_leaves_no_store(root: Path, ws: Path, tmp_path: Pa
     with pytest.raises(ArchiveRefused, match=r"'\.\.' component"):
         seed_from_archive(store, ws, archive, ArchiveLimits(), UID, GID)
     assert not store.exists() and sorted(os.listdir(ws)) == [".home"]
+
+
+@pytest.fixture
+def dumb_http(served: tuple[Path, str]) -> Iterator[str]:
+    """The served repositories over git's dumb HTTP: plain files (``update-server-info``),
+    no smart protocol, so no shallow fetch."""
+    base, _ = served
+    git(base / "repo.git", "update-server-info")
+    handler = functools.partial(_QuietFiles, directory=str(base))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+def test_seed_over_dumb_http_falls_back_to_a_full_fetch(
+    root: Path, dumb_http: str, served: tuple[Path, str]
+) -> None:
+    _, commit = served
+    for n, ref in enumerate((None, "v1")):
+        workspace = root / "run" / f"d{n}"
+        workspace.mkdir(parents=True)
+        store = SnapshotStore(root, f"d{n}")
+        seed_from_repo(store, workspace, f"{dumb_http}/repo.git", ref, {}, UID, GID, 60)
+        assert git(workspace, "rev-parse", "HEAD") == commit
+        assert (workspace / "src/app.py").read_text() == "print('hi')\n"
+        assert git(workspace, "status", "--porcelain") == ""
+
+
+def test_a_repository_that_cannot_be_reached_is_worth_retrying_one_not_there_is_not(
+    root: Path, ws: Path, dumb_http: str
+) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    with pytest.raises(SeedUnreachable, match="cannot read the repository"):
+        seed_from_repo(
+            store_for(root), ws, f"http://127.0.0.1:{closed}/r.git", None, {}, UID, GID, 20
+        )
+    assert sorted(os.listdir(ws)) == [".home"]
+    with pytest.raises(SeedError, match="not found") as caught:
+        seed_from_repo(store_for(root), ws, f"{dumb_http}/nope.git", None, {}, UID, GID, 20)
+    assert not isinstance(caught.value, SeedUnreachable)
+    assert sorted(os.listdir(ws)) == [".home"]

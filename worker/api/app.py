@@ -16,13 +16,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from config import Settings, load_settings
-from worker.api import errors, page, routes, uploads
+from worker.api import errors, page, routes, uploads, webhooks
 from worker.api.limits import FailedAuthLimiter, RateLimiter, StreamSlots
 from worker.api.middleware import AccessLog, SecurityHeaders
 from worker.api.sse import StreamHub
@@ -131,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reader = aioredis.Redis.from_url(
             settings.redis_url, decode_responses=True, single_connection_client=True
         )
-        http = httpx.AsyncClient(follow_redirects=False)
+        http = webhooks.client(settings)
         state.pool = pool
         state.hub = StreamHub(reader, pool, state.keys, batch=settings.api_read_batch)
         state.limiter = RateLimiter(pool, state.keys, settings.api_rate_window_s)

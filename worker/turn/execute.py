@@ -41,6 +41,7 @@ from sandbox.base import (
     RunSpec,
     Sandbox,
     SandboxError,
+    SeedUnreachable,
 )
 from sandbox.network import egress_labels
 from worker.deps import Shutdown, TurnDeps
@@ -322,6 +323,13 @@ class _TurnRun:
             except InvalidInput as exc:
                 self.life.revoke_credential()
                 return self.refuse(session_error(str(exc), "invalid-input"), run_status="failed")
+            except SeedUnreachable as exc:
+                # The repository could not be read now: a new run may well succeed.
+                self.life.revoke_credential()
+                return self.refuse(
+                    session_error(f"the workspace could not be seeded: {exc}", "sandbox"),
+                    run_status="failed",
+                )
         try:
             with tracing.span("prepare sandbox", {"harness.sandbox": sandbox.backend}):
                 placement = self._place(sandbox, resolved, record, work.key)

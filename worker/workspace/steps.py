@@ -27,10 +27,12 @@ from sandbox.base import Sandbox, SandboxError
 from sandbox.store.seeding import (
     ArchiveLimits,
     SeedError,
+    SeedUnreachable,
     check_repo_url,
     git_auth_env,
     seed_from_archive,
     seed_from_repo,
+    with_git_config,
 )
 from sandbox.store.snapshots import SnapshotLimits, SnapshotStore, SnapshotSummary
 from sandbox.workspace import make_owned_workspace, parse_user, workspace_dir
@@ -129,7 +131,9 @@ def seed(
     """Fill a first turn's workspace from the run's repository or archive, and take the
     baseline snapshot (turn 0). Idempotent: a first turn tried again finds turn 0 taken.
 
-    Raises InvalidInput (the turn is refused; nothing is left of the workspace or the store).
+    Raises InvalidInput (the turn is refused), or SeedUnreachable (the repository could not
+    be read now: a later run may succeed); either way nothing is left of the workspace or the
+    store.
     """
     if not (options.repo or options.archive or settings.snapshots):
         return None
@@ -148,7 +152,7 @@ def seed(
     try:
         if options.repo:
             _require_empty(workspace, options)
-            check_repo_url(options.repo, settings.repo_schemes, settings.repo_hosts)
+            address = check_repo_url(options.repo, settings.repo_schemes, settings.repo_hosts)
             return seed_from_repo(
                 work.store,
                 workspace,
@@ -158,6 +162,7 @@ def seed(
                 work.uid,
                 work.gid,
                 settings.repo_timeout_s,
+                address=address,
             )
         _require_empty(workspace, options)
         return _seed_archive(work, workspace, options, settings, upload)
@@ -165,6 +170,8 @@ def seed(
         work.store.remove()
         if created:
             _remove_workspace(workspace)
+        if isinstance(exc, SeedUnreachable):
+            raise
         if isinstance(exc, SeedError | InvalidInput):
             raise InvalidInput(str(exc)) from None
         raise InvalidInput(f"the workspace could not be seeded: {exc}") from None
@@ -293,9 +300,11 @@ def after_turn(
     pushed, note = None, summary.note or None
     if options.push_branch and options.repo:
         try:
-            work.store.push(
-                options.repo, options.push_branch, turn, repo_env(options.repo, settings)
-            )
+            # Checked again, and held to the address checked now: the host's name may point
+            # elsewhere than when the run was seeded.
+            address = check_repo_url(options.repo, settings.repo_schemes, settings.repo_hosts)
+            env = with_git_config(repo_env(options.repo, settings), address.git_config())
+            work.store.push(options.repo, options.push_branch, turn, env)
             pushed = options.push_branch
         except (SandboxError, InvalidInput) as exc:
             log.warning("workspace.push_failed", extra={"run_id": work.run_id, "error": str(exc)})
