@@ -403,9 +403,9 @@ def test_one_tenant_holds_at_most_its_share_of_streams(env: Env, worker: WorkerP
         with api.client("greedy") as first, api.client("greedy") as second:
             with first.stream("GET", path) as one, second.stream("GET", path) as two:
                 assert one.status_code == two.status_code == 200
-                with api.client("greedy") as extra:
-                    third = extra.get(path)
-                assert third.status_code == 429, third.text
+                with api.client("greedy") as extra, extra.stream("GET", path) as third:
+                    assert third.status_code == 429  # read no further: a 200 would stream on
+                    third.read()
                 assert third.json()["error"]["type"] == "too_many_streams"
                 assert int(third.headers["Retry-After"]) > 0
                 theirs_path = f"/v1/runs/{theirs}/events/stream"
@@ -555,8 +555,9 @@ def test_harness_api_logs_each_request_without_its_secrets(served: ApiProcess) -
     with served.client("acme") as http:
         run_id = start(http, "@complete logged")
         assert http.get("/v1/runs", params={"label": secret_query}).status_code == 200
-        bad = http.get(f"/v1/runs/{run_id}/events/stream", headers={"Last-Event-ID": BEYOND})
-        assert bad.status_code == 400
+        headers = {"Last-Event-ID": BEYOND}
+        with http.stream("GET", f"/v1/runs/{run_id}/events/stream", headers=headers) as bad:
+            assert bad.status_code == 400
     path = f"/v1/runs/{run_id}/events/stream"
     deadline = time.monotonic() + 5
     while True:
