@@ -27,26 +27,6 @@ LABEL_BASE_URL = "harness.egress_base_url"
 """On a run's container: the ``host:port`` of its producer's ``--base-url`` (may be empty),
 allowed when policy allows producer endpoints."""
 
-PRIVATE_RANGES: tuple[str, ...] = (
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.0.0.0/24",
-    "192.168.0.0/16",
-    "198.18.0.0/15",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-    "::/127",
-    "fc00::/7",
-    "fe80::/10",
-    "ff00::/8",
-)
-"""Destinations a run reaches only when policy names them (RFC 6890 ranges: private,
-loopback, link-local (cloud metadata), shared, multicast, reserved)."""
-
 _NAME = re.compile(
     r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )

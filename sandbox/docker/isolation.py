@@ -12,11 +12,12 @@ there: :class:`~sandbox.network.BridgeConfig`), created here:
 - **The host refuses them**: a rule in the host's ``INPUT`` chain, first, for the network's
   interface, refuses every connection a run opens to any address of the host (replies to
   connections the host opened pass), but for the operator's allowed destinations.
-- **No private, loopback, link-local, shared or multicast destination**
-  (:data:`~sandbox.network.PRIVATE_RANGES`), through Docker's ``DOCKER-USER`` chain (which
-  Docker evaluates before its own), but for the operator's allowed destinations and DNS
-  (port 53) to the host's resolvers, which Docker's DNS asks from the run's namespace;
-  public addresses are reached as on Docker's bridge (masqueraded). No IPv6 at all.
+- **No IPv4 destination that is not public** (:data:`sandbox.addresses.NON_PUBLIC_IPV4`:
+  private, loopback, link-local, shared, multicast, reserved), through Docker's
+  ``DOCKER-USER`` chain (which Docker evaluates before its own), but for the operator's
+  allowed destinations and DNS (port 53) to the host's resolvers, which Docker's DNS asks
+  from the run's namespace; public addresses are reached as on Docker's bridge
+  (masqueraded). No IPv6 at all.
 
 A refusal is a TCP reset or an ICMP error: a run's client fails at once. The rules live in
 the host's network namespace, so they are installed by a short-lived helper container with
@@ -43,9 +44,10 @@ from typing import Any
 
 import docker.errors
 
+from sandbox.addresses import NON_PUBLIC_IPV4
 from sandbox.base import SandboxError
 from sandbox.docker.egress import BUILD_HINT
-from sandbox.network import PRIVATE_RANGES, BridgeConfig
+from sandbox.network import BridgeConfig
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +120,7 @@ done
         echo "-A $fwd $match -j RETURN"
         echo "-A $inp $match -j ACCEPT"
     done
-    for range in $PRIVATE_RANGES; do
+    for range in $NON_PUBLIC; do
         echo "-A $fwd -d $range -j $rej"
     done
     echo "-A $inp -j $rej"
@@ -286,7 +288,7 @@ class BridgeGuard:
             ["/bin/sh", "-c", _GUARD, "harness-guard", *args],
             entrypoint=[],
             user="0:0",
-            environment={"PRIVATE_RANGES": " ".join(r for r in PRIVATE_RANGES if "." in r)},
+            environment={"NON_PUBLIC": " ".join(NON_PUBLIC_IPV4)},
             labels={LABEL_BRIDGE: self.config.allowlist},
             network_mode="host",
             cap_drop=["ALL"],
