@@ -475,3 +475,36 @@ def test_the_endpoint_asks_through_the_same_records_a_producer_answers(world: Wo
     assert [e.type for e in published] == ["permission-request", "permission-decision"]
     assert published[-1].by == "tester"
     assert permissions.pending(deps.redis, deps.keys, run_id) == []
+
+
+# -- the turn's worker still publishing after another ended its turn ---------------------------
+
+
+@pytest.mark.parametrize("batch", [1, 5, 15], ids=lambda n: f"{n} events")
+def test_a_workers_events_after_the_runs_end_wrote_its_terminal_never_follow_it(
+    world: World, batch: int
+) -> None:
+    """``harness end`` while a turn runs writes the turn's terminal at once (end_run.lua); the
+    worker, not yet told, still sends what its harness printed, as pipelined XADDs. A pipeline
+    goes on past a refused XADD: with the terminal at the next seq, the second event of the
+    batch and every later one were stored after it."""
+    deps = world.deps
+    run_id = world.new_run()
+    life = TurnLife(deps, run_id, 1, "stdio-json")
+    assert life.claim("w1")
+    try:
+        publisher = RedisStreamPublisher(
+            deps.redis, deps.keys, run_id, 1, maxlen=deps.settings.stream_maxlen
+        )
+        publisher.publish([TurnStarted(harness="stdio-json", attempt=1, input_chars=1)])
+        publisher.publish([AssistantText(text="before the end")])
+        assert publisher.flush(force=True)
+        world.client.end(run_id, timeout=0.2)
+        publisher.publish([AssistantText(text=f"late {i}") for i in range(batch)])
+        publisher.flush(force=True)
+    finally:
+        life.release()
+    entries = _entries(deps, run_id, 1)
+    assert entries[-1][1] == "session-error", entries
+    assert [kind for _, kind in entries].count("assistant-text") == 1, entries
+    assert publisher.superseded and publisher.dropped == batch

@@ -14,7 +14,13 @@ from adapters.events import AssistantText, Event, TurnComplete, TurnStarted, Usa
 from worker.observe.masking import MASK, Masker
 from worker.store.keys import Keys
 from worker.store.lua import SOURCES
-from worker.store.publisher import SCRIPT_BATCH, SCRIPT_MIN, RedisStreamPublisher, last_seq
+from worker.store.publisher import (
+    LEAVE_RUNNING_MIN,
+    SCRIPT_BATCH,
+    SCRIPT_MIN,
+    RedisStreamPublisher,
+    last_seq,
+)
 
 RUN = "r" + "b" * 24
 KEYS = Keys("t")
@@ -170,7 +176,9 @@ def test_big_batch_split_into_bounded_script_calls(client: fakeredis.FakeRedis) 
     assert [e[0] for e in entries] == [f"1-{i}" for i in range(len(texts))]
 
 
-@pytest.mark.parametrize("size", [1, SCRIPT_MIN], ids=["pipelined", "script"])
+@pytest.mark.parametrize(
+    "size", [1, SCRIPT_MIN, LEAVE_RUNNING_MIN], ids=["xadd", "script", "left-running"]
+)
 def test_error_other_than_stored_id_is_raised(client: fakeredis.FakeRedis, size: int) -> None:
     client.set(STREAM, "not a stream")
     publisher = _publisher(client)
@@ -179,7 +187,9 @@ def test_error_other_than_stored_id_is_raised(client: fakeredis.FakeRedis, size:
         publisher.flush()
 
 
-@pytest.mark.parametrize("size", [2, SCRIPT_MIN * 2], ids=["pipelined", "script"])
+@pytest.mark.parametrize(
+    "size", [2, SCRIPT_MIN * 2, LEAVE_RUNNING_MIN * 2], ids=["xadd", "script", "left-running"]
+)
 def test_retry_of_a_partly_stored_batch_stores_the_rest_once(
     client: fakeredis.FakeRedis, size: int
 ) -> None:
@@ -195,24 +205,24 @@ def test_retry_of_a_partly_stored_batch_stores_the_rest_once(
 
 def test_a_big_batchs_reply_is_read_at_the_next_publish(client: fakeredis.FakeRedis) -> None:
     publisher = _publisher(client)
-    texts = [str(i) for i in range(SCRIPT_MIN)]
+    texts = [str(i) for i in range(LEAVE_RUNNING_MIN)]
     assert publisher.publish(_texts(*texts)) is True
-    assert (publisher.pending, publisher.published) == (SCRIPT_MIN, 0)  # its reply unread
+    assert (publisher.pending, publisher.published) == (LEAVE_RUNNING_MIN, 0)  # its reply unread
     assert publisher.publish(_texts("next")) is True  # read first, then the next sent
-    assert (publisher.pending, publisher.published) == (0, SCRIPT_MIN + 1)
-    assert [e[0] for e in _entries(client)] == [f"1-{i}" for i in range(SCRIPT_MIN + 1)]
+    assert (publisher.pending, publisher.published) == (0, LEAVE_RUNNING_MIN + 1)
+    assert [e[0] for e in _entries(client)] == [f"1-{i}" for i in range(LEAVE_RUNNING_MIN + 1)]
 
 
 def test_a_call_whose_connection_dropped_is_made_again_and_stores_once(
     client: fakeredis.FakeRedis,
 ) -> None:
     publisher = _publisher(client)
-    texts = [str(i) for i in range(SCRIPT_MIN)]
+    texts = [str(i) for i in range(LEAVE_RUNNING_MIN)]
     publisher.publish(_texts(*texts))
     (connection,) = client.connection_pool._in_use_connections  # the call's, reply unread
     connection.disconnect()  # the reply is lost with it
     assert publisher.flush() is True
-    assert publisher.published == SCRIPT_MIN
+    assert publisher.published == LEAVE_RUNNING_MIN
     assert [json.loads(e[1]["data"])["text"] for e in _entries(client)] == texts
     assert not client.connection_pool._in_use_connections  # back in the pool
 
@@ -221,14 +231,14 @@ def test_a_script_redis_forgot_is_loaded_and_its_call_made_again(
     client: fakeredis.FakeRedis,
 ) -> None:
     publisher = _publisher(client)
-    publisher.publish(_texts(*(str(i) for i in range(SCRIPT_MIN))))
+    publisher.publish(_texts(*(str(i) for i in range(LEAVE_RUNNING_MIN))))
     assert publisher.flush() is True
     client.script_flush()  # as after a Redis restart
-    texts = [str(i) for i in range(SCRIPT_MIN)]
+    texts = [str(i) for i in range(LEAVE_RUNNING_MIN)]
     assert publisher.publish(_texts(*texts)) is True
     assert publisher.flush() is True
-    assert publisher.published == 2 * SCRIPT_MIN
-    assert len(_entries(client)) == 2 * SCRIPT_MIN
+    assert publisher.published == 2 * LEAVE_RUNNING_MIN
+    assert len(_entries(client)) == 2 * LEAVE_RUNNING_MIN
 
 
 @pytest.mark.parametrize("left_running", [False, True])
@@ -239,7 +249,7 @@ def test_a_stream_that_went_on_without_us_drops_the_rest(
     other = _publisher(client)  # another writer ended the turn first, with these ids
     other.publish([TurnComplete(text="done")])
     assert other.flush() is True
-    size = SCRIPT_MIN
+    size = LEAVE_RUNNING_MIN
     publisher.publish(_texts(*(str(i) for i in range(size))))
     if not left_running:
         assert publisher.flush() is True

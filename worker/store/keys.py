@@ -144,6 +144,7 @@ class RedisClient(Protocol):
         self,
         name: str,
         fields: Mapping[str, Value],
+        id: str = "*",
         maxlen: int | None = None,
         approximate: bool = True,
     ) -> str: ...

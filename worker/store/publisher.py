@@ -1,13 +1,13 @@
 """Publishing a turn's events to the run's Redis stream, in order, never twice, never lost.
 
 Entry ids are ``{turn}-{seq}``. Events are sent in batches, one round trip per chunk of
-harness output: a few as pipelined XADDs, more as one script call per 1,000 (worker/store/lua.py's
-xadd_batch.lua). While Redis is unreachable they wait in memory and are sent, in order, once
-it is back. A retried batch is harmless: Redis refuses an id it already has, and that refusal
-counts as delivered only when the stored entry is exactly the one sent. Any other refusal
-means the turn's stream went on without this writer (another ended the turn): what is left
-is dropped, counted in :attr:`RedisStreamPublisher.dropped` and logged, never published
-after that turn's terminal.
+harness output: one event as a plain XADD, more as one script call per 1,000
+(worker/store/lua.py's xadd_batch.lua, which stops at the first refused id). While Redis is
+unreachable they wait in memory and are sent, in order, once it is back. A retried batch is
+harmless: Redis refuses an id it already has, and that refusal counts as delivered only when
+the stored entry is exactly the one sent. Any other refusal means the turn's stream went on
+without this writer (another ended the turn): what is left is dropped, counted in
+:attr:`RedisStreamPublisher.dropped` and logged, never published after that turn's terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+
+import redis
 
 from adapters.events import Event
 from worker.observe import metrics
@@ -29,9 +31,15 @@ log = logging.getLogger(__name__)
 
 SCRIPT_BATCH = 1000
 """Events per script call: Redis runs a call whole, and 1,000 XADDs take it about 3 ms."""
-SCRIPT_MIN = 16
-"""Fewer events than this go as pipelined XADDs: a script call costs Redis ~5-10 us of its
-own, which a batch of one or two events would pay alone (docs/performance.md, row 10)."""
+SCRIPT_MIN = 2
+"""Fewer events than this go as a plain XADD: a script call costs Redis ~5-10 us of its own,
+which a single event would pay alone (docs/performance.md, row 10). Two or more go as one
+script call, never as pipelined XADDs: a pipeline goes on past a refused XADD, so when another
+writer had put the turn's terminal at the first id (the run's end, a reaper's ``worker-lost``),
+the second and later events would be stored after that terminal."""
+LEAVE_RUNNING_MIN = 16
+"""A batch of at least this many events leaves its last script call running while the worker
+reads the harness's next output (a smaller one is read back at once, as cheap as waiting)."""
 _DUPLICATE_ID = "equal or smaller than the target stream top item"
 
 
@@ -117,10 +125,8 @@ class RedisStreamPublisher:
         try:
             if self._sent is not None:
                 self._settle()
-            if self._pending and not self._send_pending(leave_last):
-                # The connection dropped after some of a pipeline.
-                self._retry_later(now)
-                return False
+            if self._pending:
+                self._send_pending(leave_last)
         except REDIS_ERRORS as exc:
             self._retry_later(now)
             if self.retries == 1 or self.retries % 20 == 0:
@@ -146,56 +152,45 @@ class RedisStreamPublisher:
             handled, dropped = len(self._pending), dropped + len(self._pending) - size
         self._done(list(itertools.islice(self._pending, handled)), handled, dropped)
 
-    def _send_pending(self, leave_last: bool) -> bool:
-        """Send what is pending; False when a dropped connection cut a pipeline short.
-        ``leave_last``: the last script call is left running (:attr:`_sent`)."""
+    def _send_pending(self, leave_last: bool) -> None:
+        """Send what is pending. ``leave_last``: the last script call is left running
+        (:attr:`_sent`)."""
         batch = list(self._pending)
         if len(batch) < SCRIPT_MIN:
-            delivered, dropped = self._xadd_pipelined(batch)
-            self._done(batch, delivered, dropped)
-            return delivered == len(batch)
+            self._done(batch, 1, self._xadd_one(batch[0]))
+            return
         # One script call per chunk of the batch (xadd_batch.lua): redis-py packed and parsed
         # one XADD per event, most of our cost per event. The chunk bounds how long Redis is
         # busy with one call (~3 ms).
         for at in range(0, len(batch), SCRIPT_BATCH):
             chunk = batch[at : at + SCRIPT_BATCH]
-            if leave_last and at + SCRIPT_BATCH >= len(batch):
+            if leave_last and len(batch) >= LEAVE_RUNNING_MIN and at + SCRIPT_BATCH >= len(batch):
                 self._sent = (
                     self._scripts.send_xadd_batch(self._key, self._maxlen, chunk),
                     len(chunk),
                 )
-                return True
+                return
             handled, dropped = self._scripts.xadd_batch(self._key, self._maxlen, chunk)
             if dropped:
                 rest = len(batch) - at
                 self._done(batch[at:], rest, dropped + rest - len(chunk))
-                return True
+                return
             self._done(chunk, handled, 0)
-        return True
 
-    def _xadd_pipelined(self, batch: list[tuple[str, str, str, str]]) -> tuple[int, int]:
-        """A few events: one XADD each in one pipeline (a script call costs Redis more than
-        a few XADDs). Returns how many of the batch were handled, in order, and how many of
-        those were dropped (as ``xadd_batch.lua`` does)."""
-        pipe = self._redis.pipeline(transaction=False)
-        # XADD key MAXLEN ~ n id type T data D ts S: the command pipe.xadd() builds, without
-        # its per-call argument checks.
-        command, key, maxlen = pipe.execute_command, self._key, self._maxlen
-        for entry_id, kind, data, ts in batch:
-            command(
-                "XADD", key, "MAXLEN", "~", maxlen, entry_id, "type", kind, "data", data, "ts", ts
-            )
-        delivered = 0
-        for entry, result in zip(batch, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(result, REDIS_ERRORS):
-                break
-            if isinstance(result, Exception):
-                if _DUPLICATE_ID not in str(result):
-                    raise result
-                if not self._stored_as_sent(entry):
-                    return len(batch), len(batch) - delivered
-            delivered += 1
-        return delivered, 0
+    def _xadd_one(self, entry: tuple[str, str, str, str]) -> int:
+        """One event as a plain XADD; 1 when it was dropped (the turn's stream went on without
+        us), 0 when stored (now, or by an earlier try whose reply was lost)."""
+        entry_id, kind, data, ts = entry
+        try:
+            fields = {"type": kind, "data": data, "ts": ts}
+            self._redis.xadd(self._key, fields, id=entry_id, maxlen=self._maxlen)
+        except REDIS_ERRORS:
+            raise
+        except redis.ResponseError as exc:
+            if _DUPLICATE_ID not in str(exc):
+                raise
+            return 0 if self._stored_as_sent(entry) else 1
+        return 0
 
     def _stored_as_sent(self, entry: tuple[str, str, str, str]) -> bool:
         """Whether the stream holds exactly this entry (an earlier try stored it)."""
