@@ -311,3 +311,15 @@ def test_expire_sets_ttl_on_run_keys(created: RunStore, client: fakeredis.FakeRe
     created.expire(RUN, 100)
     for key in KEYS.run_keys(RUN):
         assert 0 < client.ttl(key) <= 100
+
+
+def test_a_stored_schema_a_stricter_check_now_refuses_still_reads() -> None:
+    """A run made before a schema check grew stricter (a look-ahead RE2 cannot run) stays
+    readable: its record is not producer input, and its answers are still checked in bounds."""
+    schema = {"type": "string", "pattern": "(?=a)a"}
+    with pytest.raises(ValueError, match="pattern"):
+        RunOptions(harness="stdio-json", executable="x", output_schema=schema)
+    options = json.dumps({"harness": "stdio-json", "executable": "x", "output_schema": schema})
+    raw = {"run_id": "r-stored", "harness": "stdio-json", "status": "idle", "options": options}
+    record = RunRecord.decode(raw)
+    assert record.options is not None and record.options.output_schema == schema

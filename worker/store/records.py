@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.events import TurnStarted, session_error
 from worker.errors import RunBusy, RunEnded, RunNotFound
-from worker.options.spec import RunOptions
+from worker.options.spec import STORED, RunOptions
 from worker.store import listing, lua, queued
 from worker.store.keys import Keys, RedisClient
 from worker.store.status import FINISH_MOVES, RunStatus
@@ -136,7 +136,7 @@ class RunRecord(BaseModel):
             for name, text in raw.items()
             if name in _CODECS and text != ""
         }
-        return cls.model_validate(values)
+        return cls.model_validate(values, context={STORED: True})
 
     def encode(self) -> dict[str, str]:
         """Every field as the string Redis holds."""
