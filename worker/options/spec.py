@@ -18,9 +18,9 @@ from pydantic import (
 
 from adapters import HARNESS_IDS
 from worker.errors import InvalidInput
+from worker.options import tool_patterns
 from worker.options.output_schema import check_output_schema
 from worker.options.schema_regex import PatternError
-from worker.permissions import rules as permission_rules
 
 SCHEMA_HARD_MAX_BYTES = 1024 * 1024
 """A schema's size the options accept at all; the operator's bound is checked by policy."""
@@ -232,7 +232,7 @@ class RunOptions(BaseModel):
                     "control characters, not starting with '-'"
                 )
             try:
-                permission_rules.check_pattern(pattern)
+                tool_patterns.check_pattern(pattern)
             except PatternError as exc:
                 raise ValueError(f"invalid tool pattern {shown(pattern)}: {exc}") from None
         return value
