@@ -79,22 +79,30 @@ class Publishing:
         self.tools: ToolEvents | None = None
         """The turn's MCP endpoint while the harness runs (:mod:`worker.tools.endpoint`):
         the read loop publishes what it queued and holds the idle clock while a call waits."""
+        self.on_session: Callable[[Session], None] | None = None
+        """Told each ``session`` event once it is handed to the publisher (the run record
+        keeps it from then on, not only from the turn's end)."""
 
     def send(self, events: list[Event]) -> None:
         guard = self.guard if self.halt is None else None
         if guard is not None and guard.clear(events, self.usage):
             guard = None  # nothing in this batch crosses a limit
         usage, sessions = self.usage, self.sessions
+        announced: list[Session] = []
         for event in events:
             if isinstance(event, Usage):
                 usage.add(event)
             elif isinstance(event, Session):
-                sessions.append(event)
+                announced.append(event)
             if guard is not None and self.halt is None:
                 self.halt = guard.on_event(event, usage)
         if events:
             self.last_event = (events[-1].type, time.monotonic())
         self.publisher.publish(events)
+        for session in announced:
+            sessions.append(session)
+            if self.on_session is not None:
+                self.on_session(session)
 
 
 def drive(

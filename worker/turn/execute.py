@@ -23,6 +23,7 @@ from adapters.events import (
     TERMINAL_TYPES,
     Event,
     SandboxActivity,
+    Session,
     SessionError,
     TurnComplete,
     TurnStarted,
@@ -192,6 +193,7 @@ class _TurnRun:
         self.wait = life.patience.call
         self.adapter = adapters.get(options.harness)
         self.out = attempt.Publishing(self._publisher(Masker()))
+        self.out.on_session = self._announced
         life.usage = self.out.usage.as_tuple
         self.header = TurnStarted(
             harness=options.harness,
@@ -218,6 +220,15 @@ class _TurnRun:
             maxlen=deps.settings.stream_maxlen,
             masker=masker,
         )
+
+    def _announced(self, session: Session) -> None:
+        """The harness named its session: the record keeps it from now on, so a turn whose
+        worker is lost before its end still leaves it for the next turn to resume."""
+        mask = self.out.publisher.masker.mask
+        changes = RecordChanges(session_id=mask(session.session_id), resumed=session.resumed)
+        if session.model:
+            changes["model_reported"] = mask(session.model)
+        self.life.record_now(changes)
 
     def started(self) -> None:
         """The turn has published its ``turn-started``: its terminal continues that stream,
@@ -847,11 +858,7 @@ def _close(
         changes["carry"] = carry
     if spend:
         changes.update(spend)  # type: ignore[typeddict-item]
-    for session in out.sessions:
-        changes["session_id"] = mask(session.session_id)
-        changes["resumed"] = session.resumed
-        if session.model:
-            changes["model_reported"] = mask(session.model)
+    # The sessions the harness announced are the life's changes already (_TurnRun._announced).
     if isinstance(terminal, TurnComplete):
         if terminal.session_id:
             changes["session_id"] = mask(terminal.session_id)

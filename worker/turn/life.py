@@ -343,6 +343,21 @@ class TurnLife:
             lambda: credentials.revoke(deps.redis, deps.keys, ref.run_id, through=ref.turn)
         )
 
+    # -- the record ----------------------------------------------------------------------------
+
+    def record_now(self, changes: RecordChanges) -> None:
+        """Facts the record must hold before the turn ends (the session its harness announced:
+        a worker lost mid-turn leaves it for the next turn to resume): written now, while this
+        worker holds the turn, and again with its terminal (:meth:`end`). A Redis error here
+        leaves them to the end: the read loop never waits for Redis."""
+        self.changes.update(changes)
+        if HEARTBEATS.lost(self._slot):
+            return  # another worker ended the turn: the record is not this one's to write
+        try:
+            self.deps.store.update(self.ref.run_id, **changes)
+        except REDIS_ERRORS:
+            log.warning("turn.record_deferred", extra={"run_id": self.ref.run_id})
+
     # -- the end -----------------------------------------------------------------------------
 
     def end(
