@@ -58,9 +58,12 @@ class ApiProcess:
                 self.proc.wait(5)
 
 
-def start_api(env: Env, name: str = "api", **overrides: str) -> ApiProcess:
-    """uvicorn serving ``worker.api.app:create_app`` with ``env``'s settings; ready (healthz
-    answers) when it returns."""
+def start_api(
+    env: Env, name: str = "api", *, procfile: bool = False, **overrides: str
+) -> ApiProcess:
+    """uvicorn serving ``worker.api.app:create_app`` with ``env``'s settings (``procfile``:
+    ``harness api``, the Procfile's command, instead); ready (healthz answers) when it
+    returns."""
     tenants_file = Path(overrides.pop("HARNESS_TENANTS_FILE", env.tmp / "tenants.json"))
     port = free_port()
     variables = {
@@ -74,20 +77,21 @@ def start_api(env: Env, name: str = "api", **overrides: str) -> ApiProcess:
     }
     log = env.tmp / f"{name}-{port}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
+        served = ["--host", "127.0.0.1", "--port", str(port)]
+        command = (
+            ["worker.cli", "api", *served]
+            if procfile
+            else [
                 "uvicorn",
                 "--factory",
                 "worker.api.app:create_app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
+                *served,
                 "--log-level",
                 "warning",
-            ],
+            ]
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *command],
             cwd=ROOT,
             env=variables,
             stdout=out,

@@ -27,7 +27,7 @@ import pytest
 
 from bench.private_redis import PrivateRedis
 from tests.conftest import ROOT
-from tests.integration.api_server import ApiProcess, free_port
+from tests.integration.api_server import ApiProcess, start_api
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env, start_worker
 from tests.integration.test_api import start, wait_terminal
 from tests.integration.test_api_page import Page, chromium  # noqa: F401 -- a fixture
@@ -45,40 +45,13 @@ TERMINAL = ("turn-complete", "session-error")
 
 
 def start_harness_api(env: Env, name: str = "api", **overrides: str) -> ApiProcess:
-    """``harness api`` (the Procfile's command) for ``env``; ready when it returns."""
-    tenants_file = Path(overrides.pop("HARNESS_TENANTS_FILE", env.tmp / f"{name}-tenants.json"))
-    port = free_port()
-    variables = {
-        **os.environ,
-        **env.vars,
-        "HARNESS_TENANTS_FILE": str(tenants_file),
-        "HARNESS_API_RATE_LIMIT": "100000",
-        "HARNESS_LOG_FORMAT": "json",
-        **overrides,
-        "PYTHONUNBUFFERED": "1",
-    }
-    log = env.tmp / f"{name}-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "api", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT,
-            env=variables,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    api = ApiProcess(proc, f"http://127.0.0.1:{port}", log, tenants_file)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the API exited at start:\n{api.logs()}"
-        try:
-            if httpx.get(f"{api.url}/v1/healthz", timeout=2).status_code == 200:
-                return api
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    api.stop()
-    raise RuntimeError(f"the API did not become ready:\n{api.logs()}")
+    """``harness api`` (the Procfile's command) for ``env``, logging JSON; ready when it
+    returns."""
+    tenants_file = overrides.pop("HARNESS_TENANTS_FILE", str(env.tmp / f"{name}-tenants.json"))
+    defaults = {"HARNESS_LOG_FORMAT": "json", "HARNESS_API_STREAMS_PER_TENANT": "50"}
+    return start_api(
+        env, name, procfile=True, HARNESS_TENANTS_FILE=tenants_file, **{**defaults, **overrides}
+    )
 
 
 @pytest.fixture(scope="module")
