@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from adapters.events import TERMINAL_TYPES
 from config import load_settings
@@ -22,17 +19,15 @@ from sandbox.local import LocalSandbox
 from tests.gitserver import GitServer, git_server
 from tests.helpers import assert_one_terminal
 from tests.integration.conftest import DEMO, Env, start_worker
+from tests.integration.in_process import turn_deps
 from worker.client import HarnessClient
 from worker.fleet.lifecycle import ReapReport, close_lost_turns
 from worker.options.spec import RunOptions, TurnPayload, new_run_id
-from worker.store.keys import Keys
-from worker.store.records import RunStore
-from worker.turn.execute import Shutdown, TurnDeps, execute_turn
+from worker.turn.execute import TurnDeps, execute_turn
 from worker.turn.life import HEARTBEATS
 
 pytestmark = [pytest.mark.redis]
 
-DEMO_SCRIPT = Path(__file__).resolve().parents[2] / "harnesses" / "demo.py"
 
 
 @pytest.fixture
@@ -74,38 +69,8 @@ def test_a_clone_slower_than_the_heartbeat_and_a_reap_pass_ends_its_turn_once_co
 
 @pytest.fixture
 def race_world(tmp_path: Path, redis_url: str) -> Iterator[tuple[TurnDeps, HarnessClient]]:
-    prefix = "race" + os.urandom(4).hex()
-    wrapper = tmp_path / "harness-demo"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{DEMO_SCRIPT}" "$@"\n')
-    wrapper.chmod(0o755)
-    settings = load_settings(
-        redis_url=redis_url,
-        sandbox="local",
-        key_prefix=prefix,
-        workspace_root=str(tmp_path),
-        allowed_executables=("*",),
-        snapshots=False,
-        exit_grace_s=1.0,
-        kill_grace_s=0.2,
-    )
-    client = HarnessClient(settings)
-    sandbox = LocalSandbox(tmp_path / "local")
-    deps = TurnDeps(
-        settings=settings,
-        redis=client.redis,
-        keys=Keys(prefix),
-        store=RunStore(client.redis, Keys(prefix), settings.retention_s),
-        sandbox_for=lambda backend: sandbox,
-        worker_id="race-host:1",
-        shutdown=Shutdown(settings.shutdown_grace_s),
-    )
-    yield deps, client
-    for found in sandbox.managed():
-        sandbox.teardown(found.run_id)
-    raw = redis.Redis.from_url(redis_url)
-    for key in raw.scan_iter(f"{prefix}:*"):
-        raw.delete(key)
-    client.close()
+    with turn_deps(tmp_path, redis_url, "race") as (deps, client, _):
+        yield deps, client
 
 
 def test_a_cancel_racing_a_claim_leaves_one_terminal_the_record_agrees_with(

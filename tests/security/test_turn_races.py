@@ -27,14 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from adapters.events import AssistantText, TurnComplete, TurnStarted
-from config import load_settings
-from sandbox.local import LocalSandbox
 from tests.conftest import ROOT
 from tests.integration.api_server import ApiProcess, start_api
 from tests.integration.conftest import DEMO, Env, make_env
+from tests.integration.in_process import turn_deps
 from tests.integration.test_api_sse import parse
 from tests.integration.test_api_webhooks import Receiver, receiver  # noqa: F401 -- fixture
 from worker.client import HarnessClient
@@ -43,7 +41,6 @@ from worker.options.spec import RunOptions, TurnPayload, new_run_id
 from worker.permissions import requests as permissions
 from worker.spend import slots
 from worker.store import credentials
-from worker.store.keys import Keys
 from worker.store.publisher import RedisStreamPublisher
 from worker.store.records import RunStore
 from worker.turn.execute import close_lost_turn, execute_turn
@@ -75,44 +72,13 @@ class World:
 @pytest.fixture
 def world(tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     monkeypatch.setenv("DEMO_TOKEN", SLOT_KEY)
-    prefix = "races" + os.urandom(4).hex()
-    wrapper = tmp_path / "harness-demo"
-    wrapper.write_text(
-        f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "harnesses" / "demo.py"}" "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    settings = load_settings(
-        redis_url=redis_url,
-        sandbox="local",
-        key_prefix=prefix,
-        workspace_root=str(tmp_path),
-        allowed_executables=("*",),
-        snapshots=False,
-        exit_grace_s=1.0,
-        kill_grace_s=0.2,
-        grants="stdio-json=DEMO_TOKEN",
-        key_slots="DEMO_TOKEN=1",
-    )
-    client = HarnessClient(settings)
-    sandbox = LocalSandbox(tmp_path / "local")
     sent: list[tuple[dict[str, Any], str, float]] = []
-    deps = TurnDeps(
-        settings=settings,
-        redis=client.redis,
-        keys=Keys(prefix),
-        store=RunStore(client.redis, Keys(prefix), settings.retention_s),
-        sandbox_for=lambda backend: sandbox,
-        worker_id="race-host:1",
-        shutdown=Shutdown(settings.shutdown_grace_s),
+    with turn_deps(
+        tmp_path, redis_url, "races",
         send_turn=lambda payload, queue, countdown: sent.append((payload, queue, countdown)),
-    )
-    yield World(deps, client, sent, str(wrapper))
-    for found in sandbox.managed():
-        sandbox.teardown(found.run_id)
-    raw = redis.Redis.from_url(redis_url)
-    for key in raw.scan_iter(f"{prefix}:*"):
-        raw.delete(key)
-    client.close()
+        grants="stdio-json=DEMO_TOKEN", key_slots="DEMO_TOKEN=1",
+    ) as (deps, client, executable):  # fmt: skip
+        yield World(deps, client, sent, executable)
 
 
 def _entries(deps: TurnDeps, run_id: str, turn: int) -> list[tuple[str, str]]:
