@@ -29,7 +29,6 @@ from worker.turn.life import HEARTBEATS
 pytestmark = [pytest.mark.redis]
 
 
-
 @pytest.fixture
 def slow_server(tmp_path: Path) -> Iterator[GitServer]:
     with git_server(tmp_path / "repos") as server:
