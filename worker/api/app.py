@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from config import Settings, load_settings
-from worker.api import errors, page, routes, uploads, webhooks
+from worker.api import errors, openapi, page, routes, uploads, webhooks
 from worker.api.limits import FailedAuthLimiter, RateLimiter, StreamSlots
 from worker.api.middleware import AccessLog, SecurityHeaders
 from worker.api.sse import StreamHub
@@ -161,6 +161,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         redirect_slashes=False,  # a strict API: /v1/runs/ is no /v1/runs, and says 404
+        generate_unique_id_function=openapi.operation_id,
+        separate_input_output_schemas=False,  # one schema per model, as clients name it
     )
     app.state.api = state
     errors.install(app)
@@ -181,7 +183,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(SecurityHeaders)
     app.add_middleware(AccessLog)  # outermost: it sees every answer, a 413 included
-    uploads.document(app)
+    openapi.install(app)
     return app
 
 

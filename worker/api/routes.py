@@ -15,11 +15,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from worker.api import schemas, sse, uploads, webhooks
+from worker.api import openapi, schemas, sse, uploads, webhooks
 from worker.api.errors import ERROR_RESPONSES, ApiError, not_found
 from worker.api.tenants import Tenant, apply_policy, check_budget
 from worker.options.spec import RUN_ID, parse_label
 from worker.store.event_ids import START, EventId, parse_event_id
+from worker.store.records import RunRecord
 
 router = APIRouter()
 _bearer = HTTPBearer(auto_error=False, description="A tenant's API key")
@@ -29,8 +30,15 @@ def _api(request: Request) -> Any:
     return request.app.state.api
 
 
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: ERROR_RESPONSES[code] for code in (400, 401, 413, 422, 429, *codes)}
+def _errors(*codes: int, ok: Any = None) -> dict[int | str, dict[str, Any]]:
+    """The error statuses every authenticated route may answer, with ``codes``; ``ok``: the
+    model of the 200 answer, for routes that return it unchecked (a record, events)."""
+    found: dict[int | str, dict[str, Any]] = {
+        code: ERROR_RESPONSES[code] for code in sorted({400, 401, 413, 422, 429, 503, *codes})
+    }
+    if ok is not None:
+        found[200] = {"model": ok, "description": "OK"}
+    return found
 
 
 async def _tenant(
@@ -107,7 +115,8 @@ async def _owned(request: Request, run_id: str, tenant: Tenant) -> Any:
     status_code=201,
     response_model=schemas.RunCreated,
     responses=_errors(409),
-    openapi_extra=uploads.REQUEST_BODY,
+    openapi_extra=openapi.RUN_BODY,
+    operation_id="createRun",
 )
 async def create_run(request: Request, tenant: TenantDep) -> Any:
     """Start a run and its first turn (the run options of ``harness run``, as RunCreate).
@@ -139,7 +148,9 @@ async def create_run(request: Request, tenant: TenantDep) -> Any:
     return {"run_id": run_id, "turn": 1}
 
 
-@router.get("/v1/runs", response_model=schemas.RunPage, responses=_errors())
+@router.get(
+    "/v1/runs", response_model=schemas.RunPage, responses=_errors(), operation_id="listRuns"
+)
 async def list_runs(
     request: Request,
     tenant: TenantDep,
@@ -166,8 +177,9 @@ async def list_runs(
     "/v1/runs/{run_id}/turns",
     status_code=202,
     response_model=schemas.TurnAccepted,
-    responses=_errors(404, 409, 413),
-    openapi_extra=uploads.TURN_REQUEST_BODY,
+    responses=_errors(404, 409),
+    openapi_extra=openapi.TURN_BODY,
+    operation_id="submitTurn",
 )
 async def submit_turn(request: Request, run_id: str, tenant: TenantDep) -> Any:
     """The run's next turn (409 while one is in flight, or once the run has ended). With
@@ -186,7 +198,12 @@ async def submit_turn(request: Request, run_id: str, tenant: TenantDep) -> Any:
     return {"run_id": run_id, "turn": turn}
 
 
-@router.get("/v1/runs/{run_id}", responses=_errors(404))
+@router.get(
+    "/v1/runs/{run_id}",
+    response_model=None,
+    responses=_errors(404, ok=schemas.RunStatusRecord),
+    operation_id="getRun",
+)
 async def get_run(request: Request, run_id: str, tenant: TenantDep) -> dict[str, Any]:
     """The run record (``harness status --json``)."""
     api = await _owned(request, run_id, tenant)
@@ -194,7 +211,12 @@ async def get_run(request: Request, run_id: str, tenant: TenantDep) -> dict[str,
     return record
 
 
-@router.get("/v1/runs/{run_id}/events", responses=_errors(404))
+@router.get(
+    "/v1/runs/{run_id}/events",
+    response_model=None,
+    responses=_errors(404, ok=list[schemas.Event]),
+    operation_id="listEvents",
+)
 async def list_events(
     request: Request,
     run_id: str,
@@ -222,8 +244,14 @@ async def list_events(
     "/v1/runs/{run_id}/events/stream",
     responses={
         **_errors(404),
-        200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"},
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "Server-Sent Events: each message's ``id`` and ``event`` are an "
+            "Event's ``id`` and ``type``, its ``data`` the Event's ``data`` (JSON)",
+        },
     },
+    response_class=Response,
+    operation_id="streamEvents",
 )
 async def stream_events(
     request: Request,
@@ -261,7 +289,12 @@ async def stream_events(
     )
 
 
-@router.post("/v1/runs/{run_id}/cancel", response_model=schemas.Cancelled, responses=_errors(404))
+@router.post(
+    "/v1/runs/{run_id}/cancel",
+    response_model=schemas.Cancelled,
+    responses=_errors(404),
+    operation_id="cancelRun",
+)
 async def cancel_run(request: Request, run_id: str, tenant: TenantDep) -> Any:
     """Stop the turn in flight (``cancelled`` false when none is)."""
     api = await _owned(request, run_id, tenant)
@@ -269,7 +302,12 @@ async def cancel_run(request: Request, run_id: str, tenant: TenantDep) -> Any:
     return {"run_id": run_id, "cancelled": cancelled}
 
 
-@router.delete("/v1/runs/{run_id}", responses=_errors(404))
+@router.delete(
+    "/v1/runs/{run_id}",
+    response_model=None,
+    responses=_errors(404, ok=RunRecord),
+    operation_id="endRun",
+)
 async def end_run(
     request: Request,
     run_id: str,
@@ -287,7 +325,12 @@ async def end_run(
 # -- permission requests --------------------------------------------------------------------
 
 
-@router.get("/v1/runs/{run_id}/permissions", responses=_errors(404))
+@router.get(
+    "/v1/runs/{run_id}/permissions",
+    response_model=None,
+    responses=_errors(404, ok=list[schemas.PendingRequest]),
+    operation_id="listPermissions",
+)
 async def pending(request: Request, run_id: str, tenant: TenantDep) -> list[dict[str, Any]]:
     """The run's permission requests still waiting for an answer, oldest first."""
     api = await _owned(request, run_id, tenant)
@@ -295,7 +338,12 @@ async def pending(request: Request, run_id: str, tenant: TenantDep) -> list[dict
     return waiting
 
 
-@router.post("/v1/runs/{run_id}/permissions/{request_id}", responses=_errors(404, 409))
+@router.post(
+    "/v1/runs/{run_id}/permissions/{request_id}",
+    response_model=None,
+    responses=_errors(404, 409, ok=schemas.PermissionAnswer),
+    operation_id="answerPermission",
+)
 async def answer(
     request: Request, run_id: str, request_id: str, body: schemas.Decision, tenant: TenantDep
 ) -> dict[str, Any]:
@@ -315,7 +363,12 @@ async def answer(
 
 @router.get(
     "/v1/runs/{run_id}/diff",
-    responses={**_errors(404, 409), 200: {"content": {"text/x-diff": {}}}},
+    response_class=Response,
+    responses={
+        **_errors(404, 409),
+        200: {"content": {"text/x-diff": {"schema": {"type": "string"}}}, "description": "OK"},
+    },
+    operation_id="getDiff",
 )
 async def diff(
     request: Request,
@@ -336,7 +389,15 @@ async def diff(
 
 @router.get(
     "/v1/runs/{run_id}/export",
-    responses={**_errors(404, 409), 200: {"content": {"application/gzip": {}}}},
+    response_class=Response,
+    responses={
+        **_errors(404, 409),
+        200: {
+            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "OK",
+        },
+    },
+    operation_id="exportRun",
 )
 async def export(
     request: Request,
@@ -361,7 +422,12 @@ async def export(
     )
 
 
-@router.post("/v1/runs/{run_id}/rewind", responses=_errors(404, 409))
+@router.post(
+    "/v1/runs/{run_id}/rewind",
+    response_model=None,
+    responses=_errors(404, 409, ok=schemas.WorkspaceChangeData),
+    operation_id="rewindRun",
+)
 async def rewind(
     request: Request, run_id: str, body: schemas.Rewind, tenant: TenantDep
 ) -> dict[str, Any]:
@@ -371,7 +437,12 @@ async def rewind(
     return result
 
 
-@router.patch("/v1/runs/{run_id}/budget", responses=_errors(404, 409))
+@router.patch(
+    "/v1/runs/{run_id}/budget",
+    response_model=None,
+    responses=_errors(404, 409, ok=schemas.Budget),
+    operation_id="updateBudget",
+)
 async def budget(
     request: Request, run_id: str, body: schemas.BudgetChange, tenant: TenantDep
 ) -> dict[str, Any]:
@@ -386,7 +457,12 @@ async def budget(
     return result
 
 
-@router.get("/v1/healthz", response_model=schemas.Health)
+@router.get(
+    "/v1/healthz",
+    response_model=schemas.Health,
+    responses={503: {"model": schemas.Health, "description": "Redis cannot be reached"}},
+    operation_id="healthz",
+)
 async def healthz(request: Request) -> Any:
     """Whether this process reaches Redis (no key needed)."""
     try:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
+from adapters import events
 from worker.options.spec import BUDGET_MAXIMA, RunOptions
+from worker.store.records import RunRecord
 
 _STRICT = ConfigDict(extra="forbid")
 NOT_OVER_HTTP = ("harness", "archive", "archive_bytes", "producer", "key_slots")
@@ -106,3 +108,106 @@ class RunPage(BaseModel):
 
 class Health(BaseModel):
     ok: bool
+
+
+# -- responses -------------------------------------------------------------------------------
+# The closed event set and the run record are the code's own models (adapters/events.py,
+# worker/store/records.py): the document's schemas are generated from them, never copied.
+
+
+def _event_data(event: type[BaseModel]) -> type[BaseModel]:
+    """An event's ``data`` object: the event's fields but ``type``."""
+    fields: dict[str, Any] = {
+        name: (info.annotation, info) for name, info in event.model_fields.items() if name != "type"
+    }
+    return create_model(f"{event.__name__}Data", __doc__=event.__doc__, **fields)
+
+
+def _event_entry(event: type[BaseModel], data: type[BaseModel]) -> type[BaseModel]:
+    """One entry of a run's stream as the API returns it: id, type, data and time."""
+    kind = event.model_fields["type"].default
+    wire_type: Any = Literal[kind]
+    return create_model(
+        f"{event.__name__}Event",
+        __doc__=f"A ``{kind}`` event: ``id`` is TURN-SEQ, ``ts`` unix time.",
+        id=(str, ...),
+        type=(wire_type, ...),
+        data=(data, ...),
+        ts=(float, ...),
+    )
+
+
+EVENT_MODELS: tuple[type[BaseModel], ...] = typing.get_args(typing.get_args(events.Event)[0])
+"""The event classes of :data:`adapters.events.Event`, in its order."""
+EVENT_DATA: dict[str, type[BaseModel]] = {m.__name__: _event_data(m) for m in EVENT_MODELS}
+EVENT_ENTRIES: tuple[type[BaseModel], ...] = tuple(
+    _event_entry(m, EVENT_DATA[m.__name__]) for m in EVENT_MODELS
+)
+_EventEntry: Any = Annotated[Union[EVENT_ENTRIES], Field(discriminator="type")]  # noqa: UP007
+
+
+class Event(RootModel[_EventEntry]):
+    """One event of a run's stream, by its ``type`` (docs/events.md, "Events")."""
+
+
+WorkspaceChangeData = EVENT_DATA["WorkspaceChange"]
+"""What a rewind returns: the data of the ``workspace`` event that records it."""
+
+
+class RunStatusRecord(RunRecord):
+    """The run record with what ``harness status --json`` adds to it."""
+
+    credential_live: bool = False
+    """Whether the run's scoped credential is still held."""
+    waiting_for_worker: dict[str, Any] | None = None
+    """While the current turn waits for a worker: ``{"notice": "waiting", "for": "turn",
+    "run_id", "turn", "queue", "since", "bound_s"}``."""
+    waiting_for_slot: dict[str, Any] | None = None
+    """While the current turn waits for a key's concurrency slot: ``{"notice": "waiting",
+    "for": "slot", "run_id", "turn", "grant", "place", "waiting", "limit", "since"}``."""
+    silent_turn: dict[str, Any] | None = None
+    """What the current turn's harness was doing when it had been silent for long."""
+
+
+class PendingRequest(BaseModel):
+    """A permission request waiting for its answer (``--posture ask``)."""
+
+    request_id: str
+    run_id: str
+    turn: int
+    n: int
+    tool: str | None = None
+    description: str
+    command: str | None = None
+    input: str | None = None
+    """The tool's input as JSON text, masked, cut (``input_chars`` is its full length)."""
+    input_chars: int | None = None
+    deadline: float
+    """Unix time at which an unanswered request is denied."""
+    asked_at: float
+
+
+class PermissionAnswer(BaseModel):
+    """The answer as recorded (the ``permission-decision`` event repeats it)."""
+
+    decision: Literal["allow", "deny"]
+    scope: Literal["once", "always"]
+    by: str
+    message: str | None = None
+    at: float
+
+
+class Spent(BaseModel):
+    cost_usd: float
+    tokens: int
+    turns: int
+    wall_s: float
+
+
+class Budget(BaseModel):
+    """A run's budget (null: no limit), what it has spent, and what stopped it if anything."""
+
+    run_id: str
+    budget: dict[str, float | int | None]
+    spent: Spent
+    exceeded: dict[str, Any] | None = None
