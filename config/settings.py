@@ -247,6 +247,9 @@ class Settings(BaseSettings):
     # Redis retention
     stream_maxlen: int = Field(100_000, gt=0)
     retention_s: int = Field(7 * 24 * 3600, gt=0)
+    idempotency_ttl_s: int = Field(24 * 3600, gt=0, le=30 * 24 * 3600)
+    """How long an ``Idempotency-Key`` (``start_run``/``submit_turn``, the API's header)
+    returns its first answer (worker/store/idempotency.py)."""
     run_lease_s: int = Field(3600, gt=0)
 
     # Workers

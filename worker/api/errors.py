@@ -33,6 +33,7 @@ from worker.errors import (
     Unavailable,
 )
 from worker.store.errors import REDIS_ERRORS
+from worker.store.idempotency import IdempotencyInProgress, IdempotencyMismatch
 
 log = logging.getLogger("worker.api")
 
@@ -69,6 +70,8 @@ def not_found(run_id: str) -> ApiError:
 # The order matters: a subclass before its base.
 _STATUSES: tuple[tuple[type[HarnessError], int, str], ...] = (
     (BudgetSpent, 409, "budget_spent"),
+    (IdempotencyMismatch, 422, "idempotency_mismatch"),
+    (IdempotencyInProgress, 409, "in_progress"),
     (InvalidInput, 400, "invalid_input"),
     (RunNotFound, 404, "not_found"),
     (RequestNotFound, 404, "not_found"),
@@ -112,6 +115,21 @@ def unavailable(message: str) -> JSONResponse:
     )
 
 
+def _json_syntax(error: dict[str, Any], document: object) -> str:
+    """Where a body's JSON breaks, as an editor says it (its ``loc`` holds a character
+    offset, not a field)."""
+    reason = str((error.get("ctx") or {}).get("error") or "not JSON")
+    loc = error.get("loc", ())
+    position = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if isinstance(document, bytes):
+        document = document.decode("utf-8", "replace")
+    if position is None or not isinstance(document, str):
+        return f"invalid JSON: {reason}"
+    line = document.count("\n", 0, position) + 1
+    column = position - document.rfind("\n", 0, position)
+    return f"invalid JSON at line {line} column {column}: {reason}"
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
@@ -127,7 +145,9 @@ def install(app: FastAPI) -> None:
             )
         for kind, status, name in _STATUSES:
             if isinstance(exc, kind):
-                return JSONResponse(body(status, name, str(exc)), status)
+                wait = getattr(exc, "retry_after_s", None)
+                headers = {"Retry-After": str(wait)} if wait is not None else None
+                return JSONResponse(body(status, name, str(exc)), status, headers=headers)
         return JSONResponse(body(500, "error", str(exc)), 500)
 
     async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
@@ -142,6 +162,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            message = _json_syntax(first, exc.body)
+            return JSONResponse(body(422, "invalid_request", message, path="body"), 422)
         path = ".".join(str(p) for p in first.get("loc", ()))
         message = f"{path}: {first.get('msg', 'invalid')}" if path else str(first.get("msg"))
         return JSONResponse(body(422, "invalid_request", message, path=path), 422)

@@ -19,8 +19,10 @@ from worker.api import openapi, schemas, sse, uploads, webhooks
 from worker.api.errors import ERROR_RESPONSES, ApiError, not_found
 from worker.api.tenants import Tenant, apply_policy, check_budget
 from worker.options.spec import RUN_ID, parse_label
+from worker.store import idempotency
 from worker.store.event_ids import START, EventId, parse_event_id
 from worker.store.records import RunRecord
+from worker.store.status import RunStatus
 
 router = APIRouter()
 _bearer = HTTPBearer(auto_error=False, description="A tenant's API key")
@@ -82,6 +84,16 @@ async def _tenant(
 
 TenantDep = Annotated[Tenant, Depends(_tenant)]
 
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=idempotency.KEY.pattern,
+        description="a retry with this key within HARNESS_IDEMPOTENCY_TTL_S gets the first "
+        f"answer and starts nothing ({idempotency.KEY_RULE})",
+    ),
+]
+
 
 def _still(api: Any, key: str, tenant: str) -> bool:
     """Whether ``key`` still authenticates as ``tenant`` (the tenants file is read again
@@ -118,7 +130,9 @@ async def _owned(request: Request, run_id: str, tenant: Tenant) -> Any:
     openapi_extra=openapi.RUN_BODY,
     operation_id="createRun",
 )
-async def create_run(request: Request, tenant: TenantDep) -> Any:
+async def create_run(
+    request: Request, tenant: TenantDep, idempotency_key: IdempotencyKey = None
+) -> Any:
     """Start a run and its first turn (the run options of ``harness run``, as RunCreate).
     With a workspace archive: ``multipart/form-data``, a ``run`` part (that JSON) and an
     ``archive`` part (a tar, tar.gz or zip; at most HARNESS_ARCHIVE_MAX_BYTES, else 413)."""
@@ -142,6 +156,7 @@ async def create_run(request: Request, tenant: TenantDep) -> Any:
             **options,
             tenant=tenant.name,
             webhook_url=body.webhook_url,
+            idempotency_key=idempotency_key,
         )
     if webhook_url:
         await api.webhooks.watch(run_id)
@@ -154,7 +169,7 @@ async def create_run(request: Request, tenant: TenantDep) -> Any:
 async def list_runs(
     request: Request,
     tenant: TenantDep,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    status: Annotated[RunStatus | None, Query()] = None,
     label: Annotated[list[str] | None, Query(description="KEY=VALUE, repeatable")] = None,
     harness: Annotated[str | None, Query(max_length=64)] = None,
     cursor: Annotated[str | None, Query(max_length=400)] = None,
@@ -181,7 +196,9 @@ async def list_runs(
     openapi_extra=openapi.TURN_BODY,
     operation_id="submitTurn",
 )
-async def submit_turn(request: Request, run_id: str, tenant: TenantDep) -> Any:
+async def submit_turn(
+    request: Request, run_id: str, tenant: TenantDep, idempotency_key: IdempotencyKey = None
+) -> Any:
     """The run's next turn (409 while one is in flight, or once the run has ended). With
     files: ``multipart/form-data``, a ``turn`` part (that JSON) and ``attachment`` parts."""
     api = await _owned(request, run_id, tenant)
@@ -193,6 +210,7 @@ async def submit_turn(request: Request, run_id: str, tenant: TenantDep) -> Any:
                 body.input,
                 attachments=list(files.attachments) or None,
                 output_schema=body.output_schema,
+                idempotency_key=idempotency_key,
             )
         )
     return {"run_id": run_id, "turn": turn}
@@ -349,7 +367,9 @@ async def answer(
 ) -> dict[str, Any]:
     """Allow or deny a waiting request; the first answer wins (409 for a later one)."""
     api = await _owned(request, run_id, tenant)
-    who = f"api:{tenant.name}"
+    # The tenant's name leads, set here: a user named by the body cannot pass for another
+    # tenant, a rule or the worker (docs/events.md, permission-decision).
+    who = f"api:{tenant.name}" + (f":{body.by}" if body.by else "")
     if body.decision == "allow":
         call = lambda: api.client.approve(run_id, request_id, always=body.always, by=who)  # noqa: E731
     else:

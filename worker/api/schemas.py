@@ -28,7 +28,14 @@ def _over_http(annotation: Any) -> Any:
 
 def _run_options() -> dict[str, Any]:
     return {
-        name: (_over_http(info.annotation), Field(None, description=info.description))
+        # The option's bounds too (info.metadata): out of range is 422, as every schema
+        # mismatch (docs/api.md, "Errors"), and the OpenAPI document says them.
+        name: (
+            Annotated[_over_http(info.annotation), *info.metadata]
+            if info.metadata
+            else _over_http(info.annotation),
+            Field(None, description=info.description),
+        )
         for name, info in RunOptions.model_fields.items()
         if name not in NOT_OVER_HTTP
     }
@@ -82,6 +89,14 @@ class Decision(BaseModel):
     decision: Literal["allow", "deny"]
     always: bool = False
     message: str | None = Field(None, max_length=10_000)
+    by: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="the platform's user who answers, recorded as ``api:TENANT:BY`` in the "
+        "``permission-decision``'s ``by`` (without it ``api:TENANT``)",
+    )
 
 
 class Rewind(BaseModel):

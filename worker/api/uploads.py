@@ -133,9 +133,14 @@ def _json(raw: bytes | str) -> Any:
     try:
         data = json.loads(raw) if raw else None
     except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's depth
-        position = getattr(exc, "pos", 0)
-        problem = {"type": "json_invalid", "loc": ("body", position), "msg": "JSON decode error"}
-        raise RequestValidationError([problem]) from None
+        position = getattr(exc, "pos", None)
+        problem = {
+            "type": "json_invalid",
+            "loc": ("body",) if position is None else ("body", position),
+            "msg": "JSON decode error",
+            "ctx": {"error": getattr(exc, "msg", "nested too deep")},
+        }
+        raise RequestValidationError([problem], body=getattr(exc, "doc", raw)) from None
     if data is None:
         missing = {"type": "missing", "loc": ("body",), "msg": "Field required"}
         raise RequestValidationError([missing])

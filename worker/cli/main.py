@@ -210,6 +210,16 @@ def _add_follow(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_idempotency_key(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help=f"run again with the same KEY (within HARNESS_IDEMPOTENCY_TTL_S), it prints the "
+        f"first {what} and starts nothing new; the same KEY with another request is refused "
+        "(exit status 2)",
+    )
+
+
 def _add_run(command: Command) -> None:
     run = command("run", "start a run and its first turn", RUN_DESCRIPTION)
     run.add_argument("harness", metavar="HARNESS", help="one of: " + ", ".join(HARNESS_IDS))
@@ -227,6 +237,7 @@ def _add_run(command: Command) -> None:
     cli_spend.add_run_options(run, OPERATOR_BOUND)
     cli_tenant.add_run_options(run)
     cli_tools.add_run_options(run)
+    _add_idempotency_key(run, "run id")
     _add_follow(run)
     _add_json(run, "one JSON object per line: {run_id, turn}, then the events")
 
@@ -349,6 +360,7 @@ def _add_turn(command: Command) -> None:
         help="the turn's input; - (or nothing) reads it from standard input",
     )
     cli_attach.add_options(turn, OPERATOR_BOUND, turn=True)
+    _add_idempotency_key(turn, "turn number")
     _add_follow(turn)
     _add_json(turn, "one JSON object per line: {run_id, turn}, then the events")
 
@@ -501,6 +513,7 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         **cli_spend.run_options(args),
         **cli_tenant.run_options(args),
         **cli_tools.run_options(args),
+        idempotency_key=args.idempotency_key,
     )
     for warning in _ignored_options(args, client.settings.sandbox):
         print(f"harness: warning: {warning}", file=sys.stderr)
@@ -511,7 +524,9 @@ def _run(args: argparse.Namespace, session: Session) -> int:
 def _turn(args: argparse.Namespace, session: Session) -> int:
     client, renderer = session.client, session.renderer
     text = _text_arg(args.input, "input")
-    number = client.submit_turn(args.run_id, text, **cli_attach.options(args))
+    number = client.submit_turn(
+        args.run_id, text, **cli_attach.options(args), idempotency_key=args.idempotency_key
+    )
     renderer.accepted(args.run_id, number)
     return _follow(client, renderer, args.run_id, number, args.wait) if args.follow else 0
 

@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -16,6 +16,7 @@ from worker.cli.render import format_since
 from worker.cli.session import Handler, Session
 from worker.errors import InvalidInput
 from worker.options.spec import parse_label
+from worker.store.status import RunStatus
 
 EXITS = {
     "list": "0 done, 1 Redis unreachable, 2 bad usage",
@@ -46,7 +47,7 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         "List the runs made without the API (HARNESS_TENANTS_FILE tenants: --tenant), newest "
         "first, a page at a time, from an index (no scan of Redis).",
     )
-    listing.add_argument("--status", help="only runs of this status (idle, running, ended...)")
+    listing.add_argument("--status", choices=get_args(RunStatus), help="only runs of this status")
     listing.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="only runs with it"
     )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, ParamSpec, TypeVar
+from typing import Any, BinaryIO, ParamSpec, TypeVar, get_args
 
 import redis
 from celery import Celery
@@ -55,7 +55,7 @@ from worker.options.tenant_names import check_tenant
 from worker.permissions import requests as permissions
 from worker.permissions.requests import who
 from worker.spend import budgets, slots
-from worker.store import credentials, stream_end
+from worker.store import credentials, idempotency, stream_end
 from worker.store.errors import REDIS_ERRORS
 from worker.store.event_ids import LAST, parse_event_id
 from worker.store.keys import Keys, SyncRedis
@@ -63,7 +63,7 @@ from worker.store.listing import RunFilter, unindex_run
 from worker.store.queued import QueuedTurn
 from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
-from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT
+from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT, RunStatus
 from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.tools import calls as tool_calls
 from worker.tools import turn as turn_tools
@@ -243,6 +243,11 @@ class HarnessClient:
         return self._app
 
     @functools.cached_property
+    def idempotency_keys(self) -> idempotency.Idempotency:
+        """Idempotency keys' first answers (``start_run``/``submit_turn``)."""
+        return idempotency.Idempotency(self.redis, self.keys, self.settings.idempotency_ttl_s)
+
+    @functools.cached_property
     def workspace(self) -> WorkspaceRequests:
         """Archive uploads and diff, export and rewind requests (binary Redis traffic)."""
         return WorkspaceRequests(self.settings, self.keys, self.redis, lambda: self.app)
@@ -261,7 +266,9 @@ class HarnessClient:
 
     @tracing.traced("HarnessClient.start_run")
     @_translate
-    def start_run(self, harness: str, input: str, **options: Any) -> str:
+    def start_run(
+        self, harness: str, input: str, *, idempotency_key: str | None = None, **options: Any
+    ) -> str:
         """Create a run and enqueue its first turn; returns the run id.
 
         ``options`` are those of ``harness run``: model, system_prompt, posture, allow, deny,
@@ -275,8 +282,25 @@ class HarnessClient:
         workspace by the worker), ``attachments`` (file paths: the first turn's files, see
         :meth:`submit_turn`) and ``output_schema`` (a JSON Schema, as a dict, every turn's
         answer must meet). Refused with InvalidInput (nothing created) when invalid or beyond
-        policy.
+        policy. ``idempotency_key``: the same key with the same request (within
+        HARNESS_IDEMPOTENCY_TTL_S) returns the first call's run id and starts nothing
+        (:mod:`worker.store.idempotency`: IdempotencyMismatch, IdempotencyInProgress).
         """
+        if idempotency_key is not None:
+            archive, attached = options.get("archive"), options.get("attachments") or ()
+            files = {
+                "archive": idempotency.file_digest(archive) if archive else None,
+                "attachments": [idempotency.file_digest(path) for path in attached],
+            }
+            print_ = idempotency.fingerprint(
+                "run", harness=harness, input=input, options={**options, **files}
+            )
+            return self.idempotency_keys.once(
+                options.get("tenant"),
+                idempotency_key,
+                print_,
+                lambda: self.start_run(harness, input, **options),
+            )
         labels = check_labels(options.pop("labels", None) or {})
         tenant = options.pop("tenant", None)
         if tenant is not None:
@@ -335,6 +359,9 @@ class HarnessClient:
         pass for the next page (None after the last). Filters: the status, every label
         given, the harness. ``tenant``: that API tenant's runs (None: runs made without the
         API). Read from an index, never a scan of Redis' keys."""
+        if status is not None and status not in get_args(RunStatus):
+            known = ", ".join(get_args(RunStatus))
+            raise InvalidInput(f"unknown status {status[:40]!r}: one of {known}")
         where = RunFilter(status=status, harness=harness, labels=check_labels(labels or {}))
         runs, after = self.store.list_runs(tenant=tenant, where=where, limit=limit, cursor=cursor)
         return {"runs": runs, "cursor": after}
@@ -348,6 +375,7 @@ class HarnessClient:
         *,
         attachments: list[str | Path] | None = None,
         output_schema: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
         """Enqueue the run's next turn; returns its number. RunBusy while one is in flight.
 
@@ -359,8 +387,28 @@ class HarnessClient:
 
         A turn for a host no live worker consumes is queued all the same: it waits there up to
         ``HARNESS_HOST_WAIT_S`` (see :meth:`waiting`), then the reaper ends it.
+
+        ``idempotency_key``: as :meth:`start_run`'s, in the run's tenant's keys: a retry
+        returns the first call's turn number and sends nothing.
         """
         check_run_id(run_id)
+        if idempotency_key is not None:
+            found = self.store.find(run_id)
+            print_ = idempotency.fingerprint(
+                "turn",
+                run_id=run_id,
+                input=input,
+                attachments=[idempotency.file_digest(p) for p in attachments or ()],
+                output_schema=output_schema,
+            )
+            return self.idempotency_keys.once(
+                found.tenant if found else None,
+                idempotency_key,
+                print_,
+                lambda: self.submit_turn(
+                    run_id, input, attachments=attachments, output_schema=output_schema
+                ),
+            )
         check_input(input, self.settings)
         check_schema(output_schema, self.settings)
         attached = self._load(attachments)
