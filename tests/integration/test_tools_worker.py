@@ -47,10 +47,13 @@ class Servers:
     def __init__(self, env: Env) -> None:
         self.env, self.procs = env, []  # type: ignore[var-annotated]
 
-    def start(self, name: str = "orders", lease: float = 30.0) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str = "orders", lease: float = 30.0, concurrency: int = 8
+    ) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker.cli", "tools", "serve", name,
-             "tests.integration.tool_handlers:HANDLERS", "--lease", str(lease)],
+             "tests.integration.tool_handlers:HANDLERS", "--lease", str(lease),
+             "--concurrency", str(concurrency)],
             cwd=ROOT, env={**os.environ, **self.env.vars}, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
@@ -148,7 +151,8 @@ def test_a_server_killed_mid_call_loses_nothing_another_takes_it(
 def test_two_servers_share_a_sets_calls(
     tools_env: Env, tools_worker: WorkerProcess, servers: Servers
 ) -> None:
-    pids = {servers.start().pid, servers.start().pid}
+    # One call at a time each: the second call goes to the server that is free.
+    pids = {servers.start(concurrency=1).pid, servers.start(concurrency=1).pid}
     client = tools_env.client()
     runs = [run(client, f'@tool orders which {{"tag": "r{n}", "seconds": 4}}') for n in range(2)]
     answered = set()

@@ -31,7 +31,8 @@ def add_commands(command: Command) -> None:
         "directory or PYTHONPATH) is a function, a list of functions or a {name: function} "
         "dict: each one's typed parameters give its tool's schema, its docstring the "
         "description; what it returns is the result, what it raises the error the agent "
-        "gets. Start several to share the calls: one that dies loses none. With --tenant T "
+        "gets. A server answers up to --concurrency calls at once (a thread each). Start "
+        "several to share the calls: one that dies loses none. With --tenant T "
         "the set is API tenant T's own: only T's runs reach it, and T's runs reach no set "
         "of that name served without --tenant (unless HARNESS_SHARED_TOOL_SETS shares it).",
     )
@@ -51,6 +52,14 @@ def add_commands(command: Command) -> None:
         metavar="SECONDS",
         help="how long a call this server took stays its own once it stops renewing its claim "
         "(it dies): then another server takes it (default 30)",
+    )
+    tools.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        metavar="N",
+        help="how many calls this server answers at once, each handler on a thread of its "
+        "own (1 to 256, default 8); it takes a call only when one of them is free",
     )
 
 
@@ -103,7 +112,12 @@ def _tools(args: argparse.Namespace, session: Session) -> int:
     print(f"harness: serving tool set {args.name}{whose} (interrupt to stop)", file=sys.stderr)
     try:
         session.client.serve_tools(
-            args.name, handlers, tenant=args.tenant, stop=stop, lease_s=args.lease
+            args.name,
+            handlers,
+            tenant=args.tenant,
+            stop=stop,
+            lease_s=args.lease,
+            concurrency=args.concurrency,
         )
     except KeyboardInterrupt:
         stop.set()

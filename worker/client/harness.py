@@ -846,6 +846,7 @@ class HarnessClient:
         tenant: str | None = None,
         stop: threading.Event | None = None,
         lease_s: float = tool_calls.DEFAULT_LEASE_S,
+        concurrency: int = tool_calls.DEFAULT_CONCURRENCY,
     ) -> None:
         """Answer the calls of tool set ``name`` for every run that attached it
         (``start_run(..., tools=[name])``, ``--tools NAME``); blocks until ``stop`` is set.
@@ -860,10 +861,14 @@ class HarnessClient:
         mapping: each one's typed parameters give its tool's JSON Schema and its docstring
         the description (:func:`worker.tools.schema.tool` takes an explicit schema). What a
         handler returns is the result (a string as it is, anything else as JSON); what it
-        raises is the error result the harness gets (its text, never a traceback). Several
-        servers of one set share its calls; a call whose server dies is taken by another
-        once ``lease_s`` passes. Refused with InvalidInput (a bad name or tenant, a shared
-        set named with a tenant, a handler without types); rides out Redis being away."""
+        raises is the error result the harness gets (its text, never a traceback). Up to
+        ``concurrency`` calls run at once, each handler on a thread of its own (handlers
+        must be thread-safe); a call is taken only when one is free. Several servers of one
+        set share its calls; a call whose server dies is taken by another once ``lease_s``
+        passes. Refused with InvalidInput (a bad name or tenant, a shared set named with a
+        tenant, a handler without types, a concurrency outside 1 to 256); rides out Redis
+        being away; once ``stop`` is set, the calls under way are answered before it
+        returns."""
         if not isinstance(name, str) or not SERVER_NAME.fullmatch(name):
             raise InvalidInput(
                 f"invalid tool set name {name!r}: 1 to 32 letters, digits, '_' or '-'"
@@ -877,11 +882,12 @@ class HarnessClient:
                 )
         try:
             tools = tool_set(handlers)
+            server = tool_calls.ToolServer(
+                self.redis, self.keys, name, tools, tenant=tenant, lease_s=lease_s,
+                concurrency=concurrency,
+            )  # fmt: skip
         except ValueError as exc:
             raise InvalidInput(f"tool set {name}: {exc}") from None
-        server = tool_calls.ToolServer(
-            self.redis, self.keys, name, tools, tenant=tenant, lease_s=lease_s
-        )
         server.serve(stop)
 
     @_translate
