@@ -6,6 +6,9 @@ HarnessError
 ├── InvalidSettings   a setting is missing or invalid (a HARNESS_REDIS_URL that is not a Redis
 │                     URL); the message names the variable; also a config.SettingsError (exit 2)
 ├── RunNotFound       no such run (CLI exit 1)
+│   └── StreamLost    the run's record is gone while its stream has no end: Redis lost it
+│                     (restarted without persistence, flushed, evicted) or it expired; a
+│                     follower stops with it instead of waiting for events that cannot come
 ├── RunBusy           a turn of this run is still in flight (CLI exit 2)
 ├── RunEnded          the run has ended or failed; it takes no more turns (CLI exit 2)
 ├── Refused           the run's host refused or failed a diff, export or rewind (no such
@@ -44,6 +47,24 @@ class RunNotFound(HarnessError, LookupError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"unknown run {run_id!r}")
+        self.run_id = run_id
+
+
+class StreamLost(RunNotFound):
+    """The followed run is gone from Redis: its record is missing and its stream does not end
+    with a terminal event (worker/store/stream_end.py), so no more of its events will come.
+    A Redis restarted without persistence, flushed or evicting keys loses runs this way
+    (docs/operations.md, "Running in production"); so does a run whose retention ran out."""
+
+    exit_code = 1
+
+    def __init__(self, run_id: str) -> None:
+        HarnessError.__init__(
+            self,
+            f"run {run_id} is lost: its record is gone from Redis and its stream has no end "
+            "(Redis lost its data: restarted without persistence, flushed or evicting; or "
+            "the run expired); no more events will come",
+        )
         self.run_id = run_id
 
 

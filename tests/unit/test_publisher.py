@@ -108,11 +108,17 @@ def _entries(client: fakeredis.FakeRedis) -> list[tuple[str, dict[str, str]]]:
     return list(client.xrange(STREAM))
 
 
+def _turn_one(client: fakeredis.FakeRedis) -> None:
+    """The run's first event: a later turn writes to the stream it made."""
+    client.xadd(STREAM, {"type": "turn-started", "data": "{}", "ts": "1"}, id="1-0")
+
+
 def test_entry_ids_are_turn_and_seq(client: fakeredis.FakeRedis) -> None:
+    _turn_one(client)
     publisher = _publisher(client, turn=3)
     events = [TurnStarted(harness="pi", input_chars=2), *_texts("a", "b")]
     assert publisher.publish(events) is True
-    assert [entry_id for entry_id, _ in _entries(client)] == ["3-0", "3-1", "3-2"]
+    assert [entry_id for entry_id, _ in _entries(client)][1:] == ["3-0", "3-1", "3-2"]
     assert publisher.seq == 3
     assert publisher.published == 3
 
@@ -128,14 +134,32 @@ def test_entry_fields_are_type_data_ts(client: fakeredis.FakeRedis) -> None:
 
 
 def test_events_keep_order_across_publish_calls(client: fakeredis.FakeRedis) -> None:
+    _turn_one(client)
     publisher = _publisher(client, turn=2)
     publisher.publish(_texts("a", "b"))
     publisher.publish([])
     publisher.publish(_texts("c"))
     publisher.publish([TurnComplete(text="d")])
-    entries = _entries(client)
+    entries = _entries(client)[1:]
     assert [e[0] for e in entries] == ["2-0", "2-1", "2-2", "2-3"]
     assert [json.loads(e[1]["data"])["text"] for e in entries] == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize(
+    "size", [1, SCRIPT_MIN, LEAVE_RUNNING_MIN], ids=["xadd", "script", "left-running"]
+)
+def test_a_stream_that_is_gone_is_not_made_again(client: fakeredis.FakeRedis, size: int) -> None:
+    """Only the run's first event makes its stream: one gone later (Redis lost it) would be
+    made again with no end and no expiry, so what comes for it is dropped."""
+    publisher = _publisher(client, turn=1, start_seq=5)
+    assert publisher.publish(_texts(*"x" * size)) is True
+    assert publisher.flush() is True
+    assert client.exists(STREAM) == 0
+    assert publisher.dropped == size and publisher.superseded
+    _publisher(client, turn=2).publish(_texts("a"))
+    assert client.exists(STREAM) == 0
+    _publisher(client, turn=1).publish(_texts("first"))
+    assert [e[0] for e in _entries(client)] == ["1-0"]
 
 
 def test_turns_are_ranges_of_the_stream(client: fakeredis.FakeRedis) -> None:

@@ -2,11 +2,11 @@
 
 Each check is one line with a level: ``ok``, ``warn`` (works, but looks wrong) or ``fail``
 (something is missing or broken; the exit status is then 1), and for anything not ok the fix
-in one sentence. What is checked: Redis, the broker, live workers, the Docker daemon, the
-image of every harness, that a container really starts on the default network
-(HARNESS_NETWORK), the CLI versions inside those images (against the pins in
-docker/clis/package.json), the harness binaries for the local backend, and settings that
-look wrong. ``--json`` prints one object: ``ok``, ``checks`` and every harness's
+in one sentence. What is checked: Redis (its persistence and eviction policy too), the
+broker, live workers, the Docker daemon, the image of every harness, that a container really
+starts on the default network (HARNESS_NETWORK), the CLI versions inside those images
+(against the pins in docker/clis/package.json), the harness binaries for the local backend,
+and settings that look wrong. ``--json`` prints one object: ``ok``, ``checks`` and every harness's
 ``capabilities``. URLs are printed with their password masked.
 """
 
@@ -132,6 +132,72 @@ def _redis(settings: Settings) -> Check:
             f"HARNESS_REDIS_URL is not a Redis URL: {exc}",
             "set HARNESS_REDIS_URL to redis://HOST:PORT/DB (or rediss://, unix://PATH)",
         )
+
+
+PERSISTENCE_FIX = (
+    "start redis-server with --appendonly yes (scripts/setup does), or CONFIG SET appendonly "
+    'yes then CONFIG REWRITE; docs/operations.md, "Running in production"'
+)
+
+
+def redis_config_checks(settings: Settings) -> list[Check]:
+    """Whether Redis keeps its data over a restart (``appendonly`` or ``save``), and whether it
+    may evict keys (``maxmemory-policy``). Without persistence a restart loses every run: its
+    followers are told the run is lost. A Redis that refuses CONFIG (a managed one, or an ACL
+    user without it) is noted, not failed: its provider says how it persists."""
+    import redis
+
+    client = redis.Redis.from_url(
+        settings.redis_url, socket_connect_timeout=3, decode_responses=True
+    )
+    try:
+        config: dict[str, str] = {}
+        for name in ("appendonly", "save", "maxmemory", "maxmemory-policy"):
+            config.update(cast(dict[str, str], client.config_get(name)))
+    except redis.ResponseError as exc:
+        return [
+            Check(
+                "redis persistence",
+                True,
+                f"not known: Redis refused CONFIG GET ({exc}); a managed Redis says how it "
+                "persists: keep an append-only file or snapshots, and noeviction",
+            )
+        ]
+    except redis.RedisError as exc:
+        return [Check("redis persistence", False, f"cannot ask Redis: {exc}", "start Redis")]
+    finally:
+        client.close()
+    return [_persistence(config), _eviction(config)]
+
+
+def _persistence(config: dict[str, str]) -> Check:
+    save = (config.get("save") or "").strip()
+    if config.get("appendonly") == "yes":
+        return Check("redis persistence", True, "appendonly yes")
+    if save:
+        return Check(
+            "redis persistence",
+            True,
+            f"RDB snapshots only (save {save}): a crash loses what came after the last one",
+        )
+    return warn(
+        "redis persistence",
+        'none (appendonly no, save ""): a restart of Redis loses every run, and whoever '
+        "follows one is told it is lost",
+        PERSISTENCE_FIX,
+    )
+
+
+def _eviction(config: dict[str, str]) -> Check:
+    policy = config.get("maxmemory-policy") or "noeviction"
+    if policy == "noeviction" or config.get("maxmemory") in (None, "", "0"):
+        return Check("redis eviction", True, f"maxmemory-policy {policy}")
+    return warn(
+        "redis eviction",
+        f"maxmemory-policy {policy}: at maxmemory Redis drops keys, runs' records and "
+        "streams included (their followers are told the run is lost)",
+        "CONFIG SET maxmemory-policy noeviction (a full Redis then refuses writes instead)",
+    )
 
 
 def _broker(settings: Settings) -> Check:
@@ -804,6 +870,7 @@ def collect(settings: Settings | None = None) -> list[Check]:
     settings = settings or load_settings()
     checks = [_redis(settings), _broker(settings)]
     if checks[0].ok:
+        checks += redis_config_checks(settings)
         checks.append(_workers(settings))
     checks += _docker(settings)
     checks += _local_binaries(settings)

@@ -25,7 +25,14 @@ from worker.cli import tools as cli_tools
 from worker.cli import workspace as cli_workspace
 from worker.cli.render import Renderer
 from worker.cli.session import Handler, Session
-from worker.errors import HarnessError, InvalidInput, TurnWaitTimeout, Unavailable
+from worker.errors import (
+    HarnessError,
+    InvalidInput,
+    RunNotFound,
+    StreamLost,
+    TurnWaitTimeout,
+    Unavailable,
+)
 from worker.observe import tracing
 from worker.options.policy import not_utf8
 
@@ -33,7 +40,8 @@ EXIT_STATUSES = f"""\
 exit status:
   0    done (with --follow: the turn completed; without: the turn was accepted)
   1    the turn failed, the run is unknown, or Redis or the broker cannot be reached
-       (reap: a sandbox backend could not be asked; doctor: a check failed)
+       (reap: a sandbox backend could not be asked; doctor: a check failed); with
+       --follow also: the run was lost (Redis lost its data: "harness: run ... is lost")
   2    bad usage, or refused: invalid input (text that is not UTF-8 included), unknown
        harness, beyond operator policy, a turn already in flight, the run has ended
   {TurnWaitTimeout.exit_code}  --wait: no worker started the turn in time (the turn stays queued)
@@ -42,7 +50,9 @@ exit status:
 With --follow, a turn that no live worker takes is said to wait (on stderr; with --json, a
 {{"notice": "waiting", ...}} line) and followed until a worker starts it. `events --follow`
 ends when the run ends (status ended or failed) or its keys are gone. `events --follow` and
-the follow of run and turn ride out a Redis outage, resuming after the last event seen.
+the follow of run and turn ride out a Redis outage, resuming after the last event seen. A
+follow whose run is gone from Redis without an end (a Redis restarted without persistence,
+flushed or evicting) says the run is lost and exits 1 (docs/operations.md).
 """
 RETRY_S = 1.0
 """How often a follow tries Redis again during an outage."""
@@ -540,6 +550,7 @@ def _events(args: argparse.Namespace, session: Session) -> int:
     for item in _resuming(
         client,
         renderer,
+        args.run_id,
         lambda after: _events_until_run_ends(client, args.run_id, after),
         args.after,
     ):
@@ -652,7 +663,7 @@ def _follow_turn(
 
     terminal, parked_as = None, None
     try:
-        for item in _resuming(client, renderer, open_, None):
+        for item in _resuming(client, renderer, run_id, open_, None):
             if isinstance(item, Waiting | SlotWaiting):
                 renderer.notice(item.as_dict())
                 continue
@@ -678,14 +689,17 @@ def _follow_turn(
 def _resuming(
     client: Any,
     renderer: Renderer,
+    run_id: str,
     open_: Callable[[str | None], Iterator[Any]],
     after: str | None,
 ) -> Iterator[Any]:
     """Items of ``open_(after)``; through a Redis outage, said on stderr, it waits for Redis
-    and opens again after the last event seen (no gap, no duplicate)."""
+    and opens again after the last event seen (no gap, no duplicate). A run that is gone
+    when Redis is back (it restarted without its data) is lost: StreamLost, never a wait."""
     from worker.client import StreamEvent
 
     cursor = after
+    reopened = False
     while True:
         try:
             for item in open_(cursor):
@@ -693,6 +707,14 @@ def _resuming(
                     cursor = item.id
                 yield item
             return
+        except StreamLost:
+            renderer.lost(run_id, cursor)
+            raise
+        except RunNotFound as exc:
+            if not reopened:
+                raise
+            renderer.lost(run_id, cursor)
+            raise StreamLost(run_id) from exc
         except Unavailable as exc:
             renderer.outage(str(exc))
             while True:
@@ -703,6 +725,7 @@ def _resuming(
                 except Unavailable:
                     continue
             renderer.recovered(cursor)
+            reopened = True
 
 
 if __name__ == "__main__":

@@ -315,6 +315,13 @@ class Renderer:
         self._end_text()
         self._say(f"Redis is unreachable; retrying… ({error})")
 
+    def lost(self, run_id: str, after: str | None) -> None:
+        """The followed run is gone from Redis (``StreamLost``): the follow stops. With --json
+        a ``{"notice": "lost", ...}`` line; the reason goes to stderr as every error's does."""
+        self.close()
+        if self.json:
+            self._line(json.dumps({"notice": "lost", "run_id": run_id, "after": after}))
+
     def recovered(self, after: str | None) -> None:
         where = f"after {after}" if after else "from the start"
         self._say(f"Redis is back; resuming {where}")

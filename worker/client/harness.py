@@ -37,6 +37,7 @@ from worker.errors import (
     RunBusy,
     RunEnded,
     RunNotFound,
+    StreamLost,
     TurnWaitTimeout,
     Unavailable,
 )
@@ -586,8 +587,9 @@ class HarnessClient:
 
         With ``follow`` waits for new ones: forever, until ``timeout`` seconds pass, or until
         the terminal event of turn ``until_terminal_of``. Raises, when iterated, RunNotFound
-        or InvalidInput first, and Unavailable whenever Redis fails (resume after the last id
-        seen).
+        or InvalidInput first, Unavailable whenever Redis fails (resume after the last id
+        seen), and StreamLost when a followed run is gone from Redis (every event it had is
+        read first: :func:`worker.store.stream_end.lost`).
         """
         key = self._events_key(run_id, after)
         cursor = after or "0-0"
@@ -619,16 +621,29 @@ class HarnessClient:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 return
+            if not entries:
+                self._stop_if_lost(run_id, cursor)
 
     def _events_key(self, run_id: str, after: str | None) -> str:
+        """The run's stream; RunNotFound when neither it nor the record is there, StreamLost
+        when a read resumes ``after`` an event of a run that is gone since."""
         check_run_id(run_id)
         if after is not None:
             parse_event_id(after)
         if not self.redis.exists(self.keys.run(run_id)) and not self.redis.exists(
             self.keys.events(run_id)
         ):
+            if after is not None and after != stream_end.START:
+                raise StreamLost(run_id)
             raise RunNotFound(run_id)
         return self.keys.events(run_id)
+
+    def _stop_if_lost(self, run_id: str, cursor: str) -> None:
+        """StreamLost once the run is lost and every event it had is read (a follower that
+        saw nothing new looks: one read of the record's status and the stream's end)."""
+        end, lost = stream_end.read_end(self.redis, self.keys, run_id)
+        if lost and end is not None and stream_end.reached(cursor, end):
+            raise StreamLost(run_id)
 
     @_translate_iter
     def follow_run(
@@ -637,12 +652,13 @@ class HarnessClient:
         """The run's events after ``after`` as they come, until its stream has ended: the
         run is ended or failed (or gone) and every event it has is read, the last turn's
         terminal included (:mod:`worker.store.stream_end`; no grace period). Raises, when
-        iterated, RunNotFound or InvalidInput first, and Unavailable whenever Redis fails
-        (resume after the last id seen)."""
+        iterated, RunNotFound or InvalidInput first, Unavailable whenever Redis fails
+        (resume after the last id seen), and StreamLost, once every event it had is read,
+        when the run is gone from Redis without an end (:func:`stream_end.lost`)."""
         key = self._events_key(run_id, after)
         cursor = after or stream_end.START
         while True:
-            end = stream_end.read(self.redis, self.keys, run_id)
+            end, lost = stream_end.read_end(self.redis, self.keys, run_id)
             block = None if end is not None else block_ms
             reply = self.redis.xread({key: cursor}, count=1000, block=block)
             entries = reply[0][1] if reply else []
@@ -650,6 +666,8 @@ class HarnessClient:
                 cursor = entry_id
                 yield _entry(entry_id, fields)
             if end is not None and (not entries or stream_end.reached(cursor, end)):
+                if lost:
+                    raise StreamLost(run_id)
                 return
 
     @_translate_iter
@@ -670,6 +688,7 @@ class HarnessClient:
         start: past it raises TurnWaitTimeout, and the turn stays queued (cancel it to
         withdraw it). Once the turn has started there is no bound here (the turn has its own
         timeout). Unavailable when Redis fails: call again with ``after`` the last event id.
+        StreamLost when the run is gone from Redis before the turn's terminal (lost data).
         """
         key = self._events_key(run_id, after)
         cursor = after or _after_previous_turn(turn)
@@ -692,6 +711,8 @@ class HarnessClient:
                 yield event
                 if event.terminal and event.turn == turn:
                     return
+            if not reply:
+                self._stop_if_lost(run_id, cursor)
             now = time.monotonic()
             if started or (now < next_check and (wait is None or now < began + wait)):
                 continue
@@ -722,6 +743,7 @@ class HarnessClient:
         """Block until the turn's terminal event and return it.
 
         TurnWaitTimeout (a TimeoutError) when ``timeout`` seconds pass first; the turn goes on.
+        StreamLost when the run is gone from Redis (lost data) before the turn ended.
         """
         for event in self.events(
             run_id,

@@ -147,6 +147,7 @@ class RedisClient(Protocol):
         id: str = "*",
         maxlen: int | None = None,
         approximate: bool = True,
+        nomkstream: bool = False,
     ) -> str: ...
 
     def xgroup_create(

@@ -8,6 +8,11 @@ harmless: Redis refuses an id it already has, and that refusal counts as deliver
 the stored entry is exactly the one sent. Any other refusal means the turn's stream went on
 without this writer (another ended the turn): what is left is dropped, counted in
 :attr:`RedisStreamPublisher.dropped` and logged, never published after that turn's terminal.
+
+Only the run's first event (``1-0``) creates its stream. A stream that is gone later went with
+its run (Redis lost its data, or the run expired: worker/store/stream_end.py, "lost"), and an
+event written there would make a stream of its own that nothing ends or expires: every event
+for it is dropped the same way (``NOMKSTREAM``; ``xadd_batch.lua``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ LEAVE_RUNNING_MIN = 16
 """A batch of at least this many events leaves its last script call running while the worker
 reads the harness's next output (a smaller one is read back at once, as cheap as waiting)."""
 _DUPLICATE_ID = "equal or smaller than the target stream top item"
+FIRST_ID = "1-0"
+"""The run's first event: the only one that may create its stream."""
 
 
 class RedisStreamPublisher:
@@ -179,11 +186,20 @@ class RedisStreamPublisher:
 
     def _xadd_one(self, entry: tuple[str, str, str, str]) -> int:
         """One event as a plain XADD; 1 when it was dropped (the turn's stream went on without
-        us), 0 when stored (now, or by an earlier try whose reply was lost)."""
+        us, or is gone), 0 when stored (now, or by an earlier try whose reply was lost)."""
         entry_id, kind, data, ts = entry
         try:
             fields = {"type": kind, "data": data, "ts": ts}
-            self._redis.xadd(self._key, fields, id=entry_id, maxlen=self._maxlen)
+            stored: str | None = self._redis.xadd(  # None: NOMKSTREAM found no stream
+                self._key,
+                fields,
+                id=entry_id,
+                maxlen=self._maxlen,
+                nomkstream=entry_id != FIRST_ID,
+            )
+            if stored is None:
+                log.warning("stream.gone", extra={"stream": self._key, "turn": self.turn})
+                return 1
         except REDIS_ERRORS:
             raise
         except redis.ResponseError as exc:

@@ -10,12 +10,21 @@ record's status, then the stream's newest entry id (:func:`ask`, in that order):
 status is finished, or the record is gone, that id is where the stream ends
 (:func:`end_of`), and a follower that has read up to it (:func:`reached`) has every event of
 the run. No grace period is needed, and none is waited: nothing of the run comes later.
+
+A run can also be *lost* (:func:`lost`): its record is gone while its stream does not end
+with a terminal event. Redis lost it (restarted without persistence, flushed, or evicting
+keys under ``maxmemory``), or the run's retention ran out during a turn. Its stream ends there
+too, but the run did not finish: a follower that has read up to :func:`end_of` says the run
+is lost (``worker.errors.StreamLost``) rather than ending as if it had finished, and never
+waits for events that cannot come. Nothing recreates a lost stream: only a run's first event
+(``1-0``) creates it (worker/store/publisher.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from adapters.events import TERMINAL_TYPES
 from worker.store.keys import Keys, SyncRedis
 from worker.store.status import FINISHED
 
@@ -39,6 +48,20 @@ def end_of(status: str | None, newest: list[Any] | None) -> str | None:
     return str(newest[0][0]) if newest else START
 
 
+def lost(status: str | None, newest: list[Any] | None) -> bool:
+    """Whether the run is lost: its record is gone and its stream, if any, does not end with
+    a terminal event. ``status`` and ``newest`` are the replies of :func:`ask`."""
+    if status is not None:
+        return False
+    if not newest:
+        return True
+    fields = newest[0][1]
+    kind = fields.get("type", fields.get(b"type")) if isinstance(fields, dict) else None
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    return kind not in TERMINAL_TYPES
+
+
 def reached(cursor: str, end: str) -> bool:
     """Whether a follower that has read up to ``cursor`` has read the entry ``end``."""
     return _key(cursor) >= _key(end)
@@ -46,10 +69,15 @@ def reached(cursor: str, end: str) -> bool:
 
 def read(client: SyncRedis, keys: Keys, run_id: str) -> str | None:
     """:func:`end_of` the run, read now."""
+    return read_end(client, keys, run_id)[0]
+
+
+def read_end(client: SyncRedis, keys: Keys, run_id: str) -> tuple[str | None, bool]:
+    """:func:`end_of` the run and whether it is :func:`lost`, read now."""
     pipe = client.pipeline(transaction=False)
     ask(pipe, keys, run_id)
     status, newest = pipe.execute()
-    return end_of(status, newest)
+    return end_of(status, newest), lost(status, newest)
 
 
 def _key(entry_id: str) -> tuple[int, int]:

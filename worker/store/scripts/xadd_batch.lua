@@ -4,10 +4,14 @@
 -- its reply was lost); any other refusal means the turn's stream went on without us (another
 -- writer ended the turn): the rest of the batch is dropped. Any other error stops the batch
 -- (the entries before it stay) and is returned.
+-- Only the run's first event (1-0) creates the stream: one that is gone later went with its
+-- run (Redis lost it, or the run expired), and a stream made again by a late writer would
+-- have no end and no expiry: the whole batch is dropped (worker/store/publisher.py).
 -- KEYS: the stream. ARGV: MAXLEN (approximate), then id, type, data, ts of each entry.
 -- Returns {entries handled (stored or dropped), entries dropped}.
 local stored = 'equal or smaller than the target stream top item'
 local total = (#ARGV - 1) / 4
+if ARGV[2] ~= '1-0' and redis.call('EXISTS', KEYS[1]) == 0 then return {total, total} end
 local handled = 0
 for i = 2, #ARGV, 4 do
   local reply = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[i],
