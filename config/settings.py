@@ -328,6 +328,12 @@ class Settings(BaseSettings):
     api_metrics_port: int = Field(0, ge=0, le=65535)
     """Where the API process serves its Prometheus ``/metrics`` (open event streams, webhook
     deliveries), on HARNESS_METRICS_ADDR; 0 (the default): not served."""
+    api_drain_s: float = Field(10.0, gt=0, le=600)
+    """On SIGTERM, how long ``harness api`` drains before it exits: open event streams are
+    told to reconnect and closed at once, other requests and webhook deliveries in flight
+    get this long to finish (those still running are cut; a cut delivery is due again)."""
+    api_link_max_ttl_s: int = Field(3600, gt=0, le=7 * 86400)
+    """The longest life of a run page link (``POST /v1/runs/{id}/links``)."""
     webhook_schemes: CommaList = ("https",)
     """Schemes a webhook URL may use (``http``, ``https``)."""
     webhook_hosts: CommaList = ("*",)

@@ -1,6 +1,6 @@
 """The run page in a real headless Chromium (Debian's ``chromium``), driven over the DevTools
 protocol: it streams the turn, shows the pending permission request, a click on Approve
-answers it, and the page sees the turn finish."""
+answers it, and the page sees the turn finish (opened with an approve page link)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,9 @@ def test_the_run_page_streams_the_turn_and_approves_a_request(
         run_id = start(
             http, "@text looking around\n@ask touch page.txt\n@complete page done", posture="ask"
         )
-    url = f"{api.url}/runs/{run_id}#key={api.keys['acme']}"
+        made = http.post(f"/v1/runs/{run_id}/links", json={"mode": "approve"})
+        assert made.status_code == 201, made.text
+    url = made.json()["url"]
 
     async def scenario() -> bytes:
         async with websockets.connect(chromium, max_size=2**26) as socket:
@@ -125,7 +127,7 @@ def test_the_run_page_streams_the_turn_and_approves_a_request(
             await page.until("document.querySelector('#events').innerText.includes('looking')")
             await page.until("document.querySelector('button.allow') !== null")
             shot = await page.call("Page.captureScreenshot", format="png")  # mid-turn
-            assert "key=" not in await page.evaluate("location.href")  # the key left the URL
+            assert "link=" not in await page.evaluate("location.href")  # the token left the URL
             await page.evaluate("document.querySelector('button.allow').click()")
             await page.until(
                 "document.querySelector('#events').innerText.includes('turn complete: page done')"

@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -52,6 +56,20 @@ class Api:
     limiter: RateLimiter | None = None
     auth_failures: FailedAuthLimiter | None = None
     webhooks: Dispatcher | None = None
+    drain_until: float | None = None
+    """Once shutting down (:meth:`drain`): the monotonic time by which it is done."""
+
+    def drain(self) -> None:
+        """Shutting down: every event stream is told to reconnect and ends now, no webhook
+        delivery starts, and those in flight have until :attr:`drain_until`
+        (``HARNESS_API_DRAIN_S``) to finish."""
+        if self.drain_until is None:
+            self.drain_until = time.monotonic() + self.settings.api_drain_s
+            log.info("api.draining", extra={"within_s": self.settings.api_drain_s})
+        if self.hub is not None:
+            self.hub.drain()
+        if self.webhooks is not None:
+            self.webhooks.draining = True
 
 
 Scope = MutableMapping[str, Any]
@@ -145,6 +163,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            state.drain()  # run by uvicorn alone (not harness api), the first word of it
+            if state.webhooks is not None and state.drain_until is not None:
+                await state.webhooks.finish(max(0.0, state.drain_until - time.monotonic()))
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -188,17 +209,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def serve(host: str, port: int) -> int:
-    """Run the API in this process (``harness api``) until interrupted."""
+    """Run the API in this process (``harness api``) until SIGTERM or SIGINT, then drain
+    (:meth:`Api.drain`): no new connection, open event streams told to reconnect and closed,
+    requests and webhook deliveries in flight given ``HARNESS_API_DRAIN_S`` in all."""
     import uvicorn
 
     app = create_app()
-    settings = app.state.api.settings
+    state: Api = app.state.api
+    settings = state.settings
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # Listening stops before the streams are told to reconnect: elsewhere, not here.
+            for server in self.servers:
+                server.close()
+            state.drain()
+            await super().shutdown(sockets)
+
     # Our lines (a request each, the stream reader's faults) and uvicorn's, one format;
     # uvicorn's access line is off: it would log query strings, ours does not.
     logs.configure(settings.log_format, logging.INFO)
     if not settings.tenants_file:
         log.warning("api.no_tenants: HARNESS_TENANTS_FILE is not set; every request is refused")
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -206,5 +239,13 @@ def serve(host: str, port: int) -> int:
         log_level="info",
         access_log=False,
         proxy_headers=False,
+        timeout_graceful_shutdown=max(1, round(settings.api_drain_s)),
     )
+    # uvicorn raises the signal again once it has shut down: SIGTERM then means "stopped".
+    signal.signal(signal.SIGTERM, _stopped)
+    DrainingServer(config).run()
     return 0
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)

@@ -2,10 +2,12 @@
 buttons for its pending permission requests.
 
 The page itself holds no data (it is the same for every run and needs no key); its script
-reads the key from the URL fragment (``/runs/ID#key=KEY``: a fragment never reaches a
-server or a log) or asks for it, then calls the API with it: the event stream through
-``fetch`` (an ``EventSource`` cannot send an Authorization header), the record, the
-pending requests and the diff.
+reads a page link's token from the URL fragment (``/runs/ID#link=TOKEN&mode=MODE``, as
+``POST /v1/runs/{id}/links`` makes it: a fragment never reaches a server or a log), keeps it
+for the tab (``sessionStorage``: a reload still works) and calls the API with it: the event
+stream through ``fetch`` (an ``EventSource`` cannot send an Authorization header), the
+record, the pending requests, the diff and, with an ``approve`` link, the answers. The token
+opens that run alone (worker/api/links.py); the page never asks for, nor holds, an API key.
 """
 
 from __future__ import annotations
@@ -47,9 +49,14 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; max-width: 60em; }
 "use strict";
 const RUN = "RUN_ID";
 const fragment = new URLSearchParams(location.hash.slice(1));
-const KEY = fragment.get("key") || window.prompt("API key for this run");
+if (fragment.get("link")) {
+  sessionStorage.setItem("link:" + RUN, fragment.get("link"));
+  sessionStorage.setItem("mode:" + RUN, fragment.get("mode") || "read");
+}
 history.replaceState(null, "", location.pathname);
-const auth = { "Authorization": "Bearer " + KEY };
+const LINK = sessionStorage.getItem("link:" + RUN) || "";
+const APPROVE = sessionStorage.getItem("mode:" + RUN) === "approve";
+const auth = { "Authorization": "Bearer " + LINK };
 const $ = (id) => document.getElementById(id);
 
 async function api(path, options) {
@@ -100,7 +107,7 @@ async function refresh() {
     const what = document.createElement("code");
     what.textContent = request.tool + ": " + (request.description || request.command || "");
     div.appendChild(what);
-    for (const decision of ["allow", "deny"]) {
+    for (const decision of APPROVE ? ["allow", "deny"] : []) {
       const button = document.createElement("button");
       button.textContent = decision === "allow" ? "Approve" : "Deny";
       button.className = decision;
@@ -150,6 +157,11 @@ async function follow() {
   }
 }
 
+if (!LINK) {
+  $("status").textContent = "this page opens with a run page link (POST /v1/runs/"
+    + RUN + "/links)";
+  throw new Error("no page link");
+}
 $("load-diff").onclick = async () => {
   try { $("diff").textContent = await (await api("/diff")).text() || "(no changes)"; }
   catch (error) { $("diff").textContent = error.message; }

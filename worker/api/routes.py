@@ -15,7 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from worker.api import openapi, schemas, sse, uploads, webhooks
+from worker.api import links, openapi, schemas, sse, uploads, webhooks
 from worker.api.errors import ERROR_RESPONSES, ApiError, not_found
 from worker.api.tenants import Tenant, apply_policy, check_budget
 from worker.options.spec import RUN_ID, parse_label
@@ -65,7 +65,18 @@ async def _tenant(
             f"too many wrong keys from this address; retry after {guessing.retry_after_s}s",
             {"Retry-After": str(guessing.retry_after_s)},
         )
-    tenant: Tenant | None = api.tenants.authenticate(credentials.credentials)
+    bearer = credentials.credentials
+    tenant: Tenant | None = (
+        await links.authenticate(
+            api,
+            bearer,
+            request.method,
+            getattr(request.scope.get("route"), "path", ""),
+            request.path_params.get("run_id"),
+        )
+        if links.is_token(bearer)
+        else api.tenants.authenticate(bearer)
+    )
     if tenant is None:
         await api.auth_failures.failed(address)
         raise ApiError(401, "unauthorized", "unknown or revoked API key", challenge)
@@ -95,10 +106,16 @@ IdempotencyKey = Annotated[
 ]
 
 
-def _still(api: Any, key: str, tenant: str) -> bool:
-    """Whether ``key`` still authenticates as ``tenant`` (the tenants file is read again
-    when it changes: a revoked or rotated key stops here)."""
-    found: Tenant | None = api.tenants.authenticate(key)
+async def _still(api: Any, key: str, tenant: str, run_id: str) -> bool:
+    """Whether ``key`` (or page link) still authenticates as ``tenant`` (the tenants file is
+    read again when it changes: a revoked or rotated key stops here; an expired or deleted
+    link too)."""
+    found: Tenant | None
+    if links.is_token(key):
+        link = await links.find(api.pool, api.keys, run_id, key)
+        found = links.holder(link, api.tenants) if link is not None else None
+    else:
+        found = api.tenants.authenticate(key)
     return found is not None and found.name == tenant
 
 
@@ -164,7 +181,7 @@ async def create_run(
 
 
 @router.get(
-    "/v1/runs", response_model=schemas.RunPage, responses=_errors(), operation_id="listRuns"
+    "/v1/runs", response_model=None, responses=_errors(ok=schemas.RunPage), operation_id="listRuns"
 )
 async def list_runs(
     request: Request,
@@ -298,9 +315,10 @@ async def stream_events(
             run_id,
             cursor,
             tenant=tenant.name,
-            authorized=lambda: _still(api, key, tenant.name),
+            authorized=lambda: _still(api, key, tenant.name, run_id),
             slots=api.streams,
             keepalive_s=api.settings.api_keepalive_s,
+            recheck_s=links.RECHECK_S if links.is_token(key) else sse.RECHECK_S,
         ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -475,6 +493,54 @@ async def budget(
         lambda: api.client.set_budget(run_id, **limits)
     )
     return result
+
+
+# -- page links -----------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/runs/{run_id}/links",
+    status_code=201,
+    response_model=links.LinkCreated,
+    responses=_errors(404),
+)
+async def create_link(
+    request: Request,
+    run_id: str,
+    body: links.LinkCreate,
+    tenant: TenantDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Any:
+    """A link to the run's page that opens it without the API key (``read``, or ``approve``
+    to answer its permission requests too), for ``ttl_s`` seconds."""
+    api = await _owned(request, run_id, tenant)
+    most = api.settings.api_link_max_ttl_s
+    if body.ttl_s > most:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"body.ttl_s: at most {most} (HARNESS_API_LINK_MAX_TTL_S)",
+        )
+    made_with = links.key_id(tenant, credentials.credentials if credentials else "")
+    link, token = await links.create(api.pool, api.keys, run_id, tenant, made_with, body)
+    path = f"/runs/{run_id}#link={token}&mode={link.mode}"
+    return {
+        "link_id": link.link_id,
+        "run_id": run_id,
+        "mode": link.mode,
+        "expires_at": link.expires_at,
+        "path": path,
+        "url": str(request.base_url).rstrip("/") + path,
+    }
+
+
+@router.delete("/v1/runs/{run_id}/links/{link_id}", status_code=204, responses=_errors(404))
+async def delete_link(request: Request, run_id: str, link_id: str, tenant: TenantDep) -> Response:
+    """End the link at once (its page's open stream too); 404 when it is unknown or over."""
+    api = await _owned(request, run_id, tenant)
+    if not await links.revoke(api.pool, api.keys, run_id, link_id):
+        raise ApiError(404, "not_found", f"no live link {link_id[:40]!r} of run {run_id}")
+    return Response(status_code=204)
 
 
 @router.get(

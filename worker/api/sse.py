@@ -10,10 +10,14 @@ and ends a run's client streams once the run has ended and the hub has read its 
 the end (:mod:`worker.store.stream_end`, the one rule of every follower: no grace period).
 
 One run's fault stays that run's: a Redis error on one stream key (a reply error, not a lost
-connection) ends that run's streams, logged, and the reader goes on with the others. A
-stream also ends when its key stops authenticating (revoked, rotated away), checked every
-few seconds, and a tenant holds at most ``HARNESS_API_STREAMS_PER_TENANT`` streams of a
-process at once.
+connection) ends that run's streams, logged, and the reader goes on with the others. Redis
+out of reach (a lost connection) ends every stream of the process with a comment saying so
+and a ``retry:`` hint: the client reconnects with its ``Last-Event-ID``, to a 503 until Redis
+is back. A stream also ends when its key (or page link) stops authenticating (revoked,
+rotated away, expired), checked every few seconds, and a tenant holds at most
+``HARNESS_API_STREAMS_PER_TENANT`` streams of a process at once. When the process shuts down
+(:meth:`StreamHub.drain`), every stream ends at once with a ``retry:`` hint and a comment:
+the client resumes on another process after its last id.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +43,26 @@ log = logging.getLogger("worker.api.sse")
 
 Entry = tuple[str, str, str]
 """An event as the stream holds it: its id, its type and its data (JSON text)."""
-_END = ("", "", "")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why a client's stream ends, as its last words: a comment and, when the client should
+    come back, a ``retry:`` (milliseconds) for an ``EventSource`` to wait before it does."""
+
+    comment: str = ""
+    retry_ms: int | None = None
+
+    def text(self) -> str:
+        retry = f"retry: {self.retry_ms}\n" if self.retry_ms is not None else ""
+        return f"{retry}: {self.comment}\n\n" if self.comment or retry else ""
+
+
+_END = Ending()
+"""The run has ended (or the client fell too far behind): the stream just closes."""
+DRAINING = Ending("the server is shutting down; reconnect with Last-Event-ID", 1000)
+UNREACHABLE = Ending("Redis cannot be reached; reconnect with Last-Event-ID", 5000)
+REVOKED = Ending("the key no longer authenticates")
 QUEUE_MAX = 10_000
 """Entries a client may fall behind by; past it its stream is closed (it resumes with
 ``Last-Event-ID``) rather than held in memory."""
@@ -60,7 +83,7 @@ def format_event(entry: Entry) -> str:
 class Subscription:
     run_id: str
     key: str
-    queue: asyncio.Queue[Entry]
+    queue: asyncio.Queue[Entry | Ending]
     after: EventId
     """Entries up to this id were delivered before (skipped if the hub brings them)."""
     upto: str | None
@@ -103,6 +126,8 @@ class StreamHub:
         self._by_key: dict[str, str] = {}
         self._wake = asyncio.Event()
         self._next_check = 0.0
+        self.draining = False
+        """Set by :meth:`drain`: every stream is ending, no new one starts."""
 
     @property
     def clients(self) -> int:
@@ -155,14 +180,33 @@ class StreamHub:
             del self._runs[sub.run_id]
             self._by_key.pop(run.key, None)
 
+    def drain(self) -> None:
+        """The process is shutting down: every client's stream ends now (:data:`DRAINING`),
+        and :func:`stream` starts no new one."""
+        self.draining = True
+        self._end_all(DRAINING)
+
+    def _end_all(self, ending: Ending) -> None:
+        for run in self._runs.values():
+            for sub in list(run.subscribers):
+                self._close(run, sub, ending)
+        self._runs.clear()
+        self._by_key.clear()
+
     async def run(self) -> None:
-        """Read, fan out and end streams until cancelled; Redis faults are waited out."""
+        """Read, fan out and end streams until cancelled. Redis out of reach ends every
+        stream (:data:`UNREACHABLE`: their clients come back when it is); other faults are
+        waited out."""
         while True:
             try:
                 await self._pass()
             except asyncio.CancelledError:
                 raise
-            except (redis.RedisError, OSError) as exc:
+            except (*REDIS_ERRORS, OSError) as exc:
+                log.warning("sse.redis_unreachable", extra={"error": str(exc)})
+                self._end_all(UNREACHABLE)
+                await asyncio.sleep(1.0)
+            except redis.RedisError as exc:
                 log.warning("sse.read_failed", extra={"error": str(exc)})
                 await asyncio.sleep(1.0)
             except Exception:  # the task's boundary: one pass's bug must not end every
@@ -231,13 +275,14 @@ class StreamHub:
                 except asyncio.QueueFull:
                     self._close(run, sub)
 
-    def _close(self, run: _Run, sub: Subscription) -> None:
+    def _close(self, run: _Run, sub: Subscription, ending: Ending = _END) -> None:
         if sub in run.subscribers:
             run.subscribers.discard(sub)
             metrics.event_stream_closed()
+        # What it had not taken yet goes: the client reads it again after its last id.
         while not sub.queue.empty():
             sub.queue.get_nowait()
-        sub.queue.put_nowait(_END)
+        sub.queue.put_nowait(ending)
 
     async def _end_finished(self) -> None:
         """Where each run's stream ends, once it has (:mod:`worker.store.stream_end`)."""
@@ -268,16 +313,16 @@ class StreamHub:
 class _Recheck:
     """Whether the stream's key still authenticates, asked at most every ``every_s``."""
 
-    authorized: Callable[[], bool]
+    authorized: Callable[[], Awaitable[bool]]
     every_s: float
     due: float = 0.0
     ok: bool = True
 
-    def __call__(self) -> bool:
+    async def __call__(self) -> bool:
         now = time.monotonic()
         if self.ok and now >= self.due:
             self.due = now + self.every_s
-            self.ok = self.authorized()
+            self.ok = await self.authorized()
         return self.ok
 
 
@@ -287,49 +332,61 @@ async def stream(
     after: EventId,
     *,
     tenant: str,
-    authorized: Callable[[], bool],
+    authorized: Callable[[], Awaitable[bool]],
     slots: StreamSlots,
     keepalive_s: float,
+    recheck_s: float = RECHECK_S,
 ) -> AsyncIterator[str]:
     """The SSE text of one client of ``tenant``: its backlog, then live entries, a comment
-    when idle. It ends with the run, once ``authorized()`` (the request's key still names
-    ``tenant``) says no, or when Redis fails under it (the client resumes with its last id).
-    It takes one of the tenant's stream slots while it lasts (none free: it ends at once;
-    the route answers 429 before it gets here, but two requests may race for the last)."""
+    when idle. It ends with the run; once ``authorized()`` (the request's key still names
+    ``tenant``, or its page link is still live), asked at most every ``recheck_s``, says no;
+    when Redis fails under it, and when the process shuts down (those two with a ``retry:``
+    and a comment: the client resumes with its last id). It takes one of the tenant's
+    stream slots while it lasts (none free: it ends at once; the route answers 429 before it
+    gets here, but two requests may race for the last)."""
+    if hub.draining:
+        yield DRAINING.text()
+        return
     with slots.held(tenant) as held:
         if not held:
             return
-        still = _Recheck(authorized, min(keepalive_s, RECHECK_S))
+        still = _Recheck(authorized, min(keepalive_s, recheck_s))
         sub: Subscription | None = None
         try:
             sub = await hub.subscribe(run_id, after)
             seen = after
             yield ": stream open\n\n"
             async for entry in hub.backlog(sub):
-                if not still():
+                if hub.draining:
+                    yield DRAINING.text()
+                    return
+                if not await still():
                     break
                 seen = parse_event_id(entry[0])
                 yield format_event(entry)
             quiet_since = time.monotonic()
-            while still():
+            while await still():
                 try:
-                    entry = await asyncio.wait_for(sub.queue.get(), still.every_s)
+                    item = await asyncio.wait_for(sub.queue.get(), still.every_s)
                 except TimeoutError:
                     if time.monotonic() - quiet_since >= keepalive_s:
                         quiet_since = time.monotonic()
                         yield ": keep-alive\n\n"
                     continue
-                if entry == _END:
+                if isinstance(item, Ending):
+                    if item.text():
+                        yield item.text()
                     return
-                entry_id = parse_event_id(entry[0])
+                entry_id = parse_event_id(item[0])
                 if entry_id <= seen:
                     continue
                 seen, quiet_since = entry_id, time.monotonic()
-                yield format_event(entry)
+                yield format_event(item)
             log.info("sse.key_revoked", extra={"tenant": tenant, "run_id": run_id})
-            yield ": the key no longer authenticates\n\n"
+            yield REVOKED.text()
         except REDIS_ERRORS as exc:
             log.warning("sse.stream_unavailable", extra={"run_id": run_id, "error": str(exc)})
+            yield UNREACHABLE.text()
         finally:
             if sub is not None:
                 hub.unsubscribe(sub)

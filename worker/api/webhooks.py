@@ -134,6 +134,8 @@ class Dispatcher:
     http: httpx.AsyncClient
     """The client deliveries go through: :func:`client`'s."""
     clock: Callable[[], float] = time.time
+    draining: bool = False
+    """The process is shutting down: no delivery starts (:meth:`finish`)."""
     _sending: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
     _per_tenant: Counter[str] = field(default_factory=Counter)
     _per_host: Counter[str] = field(default_factory=Counter)
@@ -160,6 +162,14 @@ class Dispatcher:
             for task in self._sending.values():
                 task.cancel()
             await asyncio.gather(*self._sending.values(), return_exceptions=True)
+
+    async def finish(self, within_s: float) -> None:
+        """Shutting down: start no delivery, and give those in flight up to ``within_s``
+        seconds to end (the task's cancellation cuts the others short: due again when their
+        lease runs out)."""
+        self.draining = True
+        if self._sending and within_s > 0:
+            await asyncio.wait(list(self._sending.values()), timeout=within_s)
 
     async def scan(self) -> None:
         """Queue a delivery for each new event to deliver of every watched run."""
@@ -227,7 +237,7 @@ class Dispatcher:
         own: none waits for another."""
         settings = self.settings
         free = settings.webhook_concurrency - len(self._sending)
-        if free <= 0:
+        if free <= 0 or self.draining:
             return 0
         now = self.clock()
         # Past those that must wait for their tenant's or host's slots, to others' behind.

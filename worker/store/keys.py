@@ -292,6 +292,11 @@ class Keys:
         """A hash of request id to its answer (JSON); the first answer written wins."""
         return f"{self.prefix}:run:{run_id}:permission-answers"
 
+    def page_link(self, run_id: str, link_id: str) -> str:
+        """A link to the run's page (a hash: the SHA-256 of its token, tenant, key id, mode,
+        expiry; worker/api/links.py), expiring with it."""
+        return f"{self.prefix}:run:{run_id}:link:{link_id}"
+
     def permission_always(self, run_id: str) -> str:
         """A set of fingerprints (tool and input) allowed for the rest of the run."""
         return f"{self.prefix}:run:{run_id}:permission-always"
