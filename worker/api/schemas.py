@@ -117,8 +117,9 @@ class BudgetChange(BaseModel):
 
 
 class RunPage(BaseModel):
-    runs: list[dict[str, Any]]
+    runs: list[RunRecord]
     cursor: str | None
+    """The next page's cursor; null on the last."""
 
 
 class Health(BaseModel):
