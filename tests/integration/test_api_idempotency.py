@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.api_server import ApiProcess, api, api_env, api_worker  # noqa: F401
 from tests.integration.conftest import DEMO, Env
+from worker.store import idempotency
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 
@@ -37,7 +38,9 @@ def run_ids(http: httpx.Client) -> list[str]:
     return [run["run_id"] for run in listing.json()["runs"]]
 
 
-def create(http: httpx.Client, key: str | bytes, text: str = "hello", **extra: Any) -> httpx.Response:
+def create(
+    http: httpx.Client, key: str | bytes, text: str = "hello", **extra: Any
+) -> httpx.Response:
     return http.post(
         "/v1/runs", json={**RUN, "input": text, **extra}, headers={"Idempotency-Key": key}
     )
@@ -181,3 +184,27 @@ def test_the_client_and_the_cli_take_a_key(api_env: Env) -> None:  # noqa: F811
     assert one.stdout == two.stdout and "run_id" in one.stdout
     changed = cli("run", "stdio-json", "other", "--executable", DEMO, "--idempotency-key", cli_key)
     assert changed.returncode == 2 and "another request" in changed.stderr
+
+
+def test_a_claim_held_is_in_progress_and_a_failure_frees_the_key(api_env: Env) -> None:  # noqa: F811
+    client = api_env.client()
+    keys = idempotency.Idempotency(client.redis, client.keys, 60, wait_s=0)
+    key, name = str(uuid.uuid4()), keys.name("acme", "k")
+
+    def nested() -> str:  # a duplicate that comes while the first is at work
+        with pytest.raises(idempotency.IdempotencyInProgress):
+            keys.once("acme", key, "print", lambda: "second")
+        return "first"
+
+    assert keys.once("acme", key, "print", nested) == "first"
+    assert keys.once("acme", key, "print", lambda: "third") == "first"
+    assert 0 < client.redis.ttl(keys.name("acme", key)) <= 60  # never kept without an expiry
+    assert keys.once("other", key, "print", lambda: "theirs") == "theirs"
+
+    def failing() -> str:
+        raise RuntimeError("refused")
+
+    with pytest.raises(RuntimeError):
+        keys.once("acme", "k", "print", failing)
+    assert client.redis.get(name) is None  # nothing was started: the key is free again
+    assert keys.once("acme", "k", "print", lambda: "retried") == "retried"
