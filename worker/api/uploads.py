@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -41,67 +41,6 @@ RUN_PART = "run"
 TURN_PART = "turn"
 ARCHIVE_PART = "archive"
 ATTACHMENT_PART = "attachment"
-
-_ATTACHMENTS_DOC: dict[str, Any] = {
-    "type": "array",
-    "items": {"type": "string", "format": "binary"},
-    "description": "files the first turn carries, each with its name (as --attach; "
-    "HARNESS_ATTACH_MAX_BYTES, _MAX_FILES, _MAX_TOTAL_BYTES)",
-}
-
-REQUEST_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/RunCreate"}},
-            MULTIPART: {
-                "schema": {
-                    "type": "object",
-                    "required": [RUN_PART],
-                    "properties": {
-                        RUN_PART: {
-                            "type": "string",
-                            "description": "the run as JSON (RunCreate)",
-                        },
-                        ARCHIVE_PART: {
-                            "type": "string",
-                            "format": "binary",
-                            "description": "a tar, tar.gz or zip unpacked into the workspace "
-                            "(at most HARNESS_ARCHIVE_MAX_BYTES)",
-                        },
-                        ATTACHMENT_PART: _ATTACHMENTS_DOC,
-                    },
-                },
-                "encoding": {RUN_PART: {"contentType": "application/json"}},
-            },
-        },
-    }
-}
-"""The operation's body in the OpenAPI document (its route reads the body itself)."""
-
-TURN_REQUEST_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/TurnCreate"}},
-            MULTIPART: {
-                "schema": {
-                    "type": "object",
-                    "required": [TURN_PART],
-                    "properties": {
-                        TURN_PART: {
-                            "type": "string",
-                            "description": "the turn as JSON (TurnCreate)",
-                        },
-                        ATTACHMENT_PART: _ATTACHMENTS_DOC,
-                    },
-                },
-                "encoding": {TURN_PART: {"contentType": "application/json"}},
-            },
-        },
-    }
-}
-"""The turn operation's body in the OpenAPI document (its route reads the body itself)."""
 
 
 def is_multipart(headers: Any) -> bool:
@@ -268,21 +207,3 @@ def _save(upload: UploadFile, path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         shutil.copyfileobj(upload.file, out, 1024 * 1024)
-
-
-def document(app: FastAPI) -> None:
-    """Name RunCreate among the OpenAPI document's schemas (the JSON body above refers to
-    it; no route declares it as a parameter, so FastAPI alone would leave it out)."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            spec = generate()
-            found = schemas.RunCreate.model_json_schema(ref_template="#/components/schemas/{model}")
-            for name, sub in found.pop("$defs", {}).items():
-                spec["components"]["schemas"].setdefault(name, sub)
-            spec["components"]["schemas"]["RunCreate"] = found
-            app.openapi_schema = spec
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
