@@ -195,6 +195,8 @@ class ToolServer:
         self.claims = _Claims(self)
         self._answered = 0
         self._count_lock = threading.Lock()
+        self._ready = False
+        """The group is there and the definitions published (made again after a loss)."""
 
     @property
     def answered(self) -> int:
@@ -207,12 +209,12 @@ class ToolServer:
         Redis being away (it tries again every second)."""
         stop = stop or threading.Event()
         free = threading.BoundedSemaphore(self.concurrency)
-        ready = [False]
+        self._ready = False
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tool-call") as pool:
             while not stop.is_set():
                 if not free.acquire(timeout=block_s):
                     continue  # every slot busy: take nothing until one is free
-                entry = self._take(ready, stop, block_s)
+                entry = self._take(stop, block_s)
                 if entry is None:
                     free.release()
                     continue
@@ -227,23 +229,21 @@ class ToolServer:
         self._handle(*entry)
         return True
 
-    def _take(self, ready: list[bool], stop: threading.Event, block_s: float) -> StreamEntry | None:
-        """One call to answer, or None (none came within ``block_s``, or Redis is away).
-        ``ready``: whether the group and the definitions are in place (made again after a
-        loss)."""
+    def _take(self, stop: threading.Event, block_s: float) -> StreamEntry | None:
+        """One call to answer, or None (none came within ``block_s``, or Redis is away)."""
         try:
-            if not ready[0]:
+            if not self._ready:
                 ensure_group(self.client, self.keys, self.stored)
                 publish_definitions(self.client, self.keys, self.stored, self.tools)
-                ready[0] = True
+                self._ready = True
             return self._lapsed() or self._next(block_s)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            ready[0] = False  # the stream was removed: made again
+            self._ready = False  # the stream was removed: made again
         except REDIS_ERRORS:
             log.warning("tools.redis_unavailable", extra={"tool_set": self.stored})
-            ready[0] = False
+            self._ready = False
             stop.wait(1.0)
         return None
 
