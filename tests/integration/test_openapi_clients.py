@@ -2,12 +2,15 @@
 and worker: Python (openapi-python-client) and TypeScript (openapi-typescript types with
 openapi-fetch, compiled by tsc and run by Node). Each creates a run whose demo harness asks
 for a permission (``--posture ask``), follows its events, allows the request, sends a second
-turn and ends the run. The generators are installed by scripts/install-openapi-generators
-(pinned in tests/integration/openapi_clients/; quick once installed)."""
+turn (from Python a third too, with a file: the multipart form) and ends the run. The
+generators are installed by scripts/install-openapi-generators (pinned in
+tests/integration/openapi_clients/; quick once installed)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import io
 import json
 import os
 import shutil
@@ -113,9 +116,11 @@ def test_a_generated_python_client_drives_a_run(
         RunCreate,
         RunCreatePostureType0,
         RunStatusRecord,
+        SubmitTurnFilesBody,
         TurnCompleteEvent,
         TurnCreate,
     )
+    from harness_api_client.types import File  # type: ignore[import-not-found]
 
     client = AuthenticatedClient(base_url=api.url, token=api.keys["acme"], timeout=60)
     created = create_run.sync(
@@ -156,8 +161,19 @@ def test_a_generated_python_client_drives_a_run(
     assert accepted.turn == 2
     assert until(TurnCompleteEvent, 2).data.text == "second"
 
+    # Files go as the multipart form, the turn's JSON in its part.
+    files = SubmitTurnFilesBody(
+        turn=TurnCreate(input_="@answer-attachments"),
+        attachment=[File(payload=io.BytesIO(b"hello"), file_name="notes.txt")],
+    )
+    assert submit_turn.sync(run_id, client=client, body=files).turn == 3
+    answered = json.loads(until(TurnCompleteEvent, 3).data.text)
+    [attached] = answered["attachments"]
+    assert attached["path"].endswith(".attachments/turn-3/notes.txt")
+    assert attached["sha256"] == hashlib.sha256(b"hello").hexdigest()
+
     record = end_run.sync(run_id, client=client, wait=30)
-    assert record.status == "ended" and record.turns == 2
+    assert record.status == "ended" and record.turns == 3
     status = get_run.sync(run_id, client=client)
     assert isinstance(status, RunStatusRecord) and status.status == "ended"
     missing = get_run.sync("r" + "0" * 24, client=client)
