@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from tests.helpers import wait_for
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env, start_worker
 from worker.cli.doctor import Check, collect, redis_config_checks
 from worker.errors import StreamLost
+from worker.store import stream_end
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 
@@ -204,3 +206,20 @@ def test_doctor_runs_the_redis_checks(volatile: PrivateRedis) -> None:
     settings = load_settings(redis_url=volatile.url, broker_url=volatile.url, sandbox="local")
     names = [check.name for check in collect(settings)]
     assert names[:4] == ["redis", "broker", "redis persistence", "redis eviction"]
+
+
+@pytest.mark.parametrize(
+    ("status", "newest", "lost"),
+    [
+        ("running", [], False),
+        ("ended", [("1-3", {"type": "turn-complete"})], False),
+        (None, [], True),  # record and stream gone: a Redis that lost its data
+        (None, [("1-3", {"type": "assistant-text"})], True),  # the record alone: evicted
+        (None, [("1-3", {"type": "session-error"})], False),  # expiring together, ended
+    ],
+    ids=["live", "ended", "all-gone", "record-gone-mid-turn", "record-gone-after-terminal"],
+)
+def test_a_run_is_lost_when_its_record_is_gone_and_its_stream_has_no_end(
+    status: str | None, newest: list[Any], lost: bool
+) -> None:
+    assert stream_end.lost(status, newest) is lost
