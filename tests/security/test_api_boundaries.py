@@ -564,6 +564,7 @@ def test_the_run_page_shows_why_a_turn_failed_and_its_tool_calls(
     with served.client("acme") as http:
         run_id = start(http, "@error the model said no")
         wait_terminal(http, run_id, 1)
+        url = http.post(f"/v1/runs/{run_id}/links", json={}).json()["url"]
     # A tool call as the worker publishes one (docs/events.md), after the failed turn: the
     # run is idle, so its stream stays open and the page shows what comes.
     r = env.redis()
@@ -571,7 +572,6 @@ def test_the_run_page_shows_why_a_turn_failed_and_its_tool_calls(
     call["input_chars"] = 9
     result = {"call_id": "c1", "ok": True, "output": "shipped", "output_chars": 7}
     result["duration_ms"] = 12
-    url = f"{served.url}/runs/{run_id}#key={served.keys['acme']}"
 
     async def scenario() -> str:
         async with websockets.connect(chromium, max_size=2**26) as socket:
