@@ -11,34 +11,29 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, ParamSpec, TypeVar, get_args
+from typing import Any, BinaryIO, get_args
 
 import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from adapters.events import TERMINAL_TYPES, session_error
+from adapters.events import session_error
 from config import Settings, SettingsError, load_settings
 from worker.app import create_producer_app, turn_sender
 from worker.app_names import TASK_END_RUN, harness_queue
+from worker.client.reading import RunReader, Waiting
+from worker.client.translate import translate
 from worker.client.workspace import Loaded, WorkspaceRequests, load_attachments
 from worker.errors import (
     BudgetSpent,
-    HarnessError,
     InvalidInput,
     InvalidSettings,
     RunBusy,
     RunEnded,
-    RunNotFound,
-    StreamLost,
-    TurnWaitTimeout,
     Unavailable,
 )
 from worker.fleet import hosts
@@ -56,93 +51,21 @@ from worker.options.tenant_names import check_tenant
 from worker.permissions import requests as permissions
 from worker.permissions.requests import who
 from worker.spend import budgets, slots
-from worker.store import credentials, idempotency, stream_end
+from worker.store import credentials, idempotency
 from worker.store.errors import REDIS_ERRORS
-from worker.store.event_ids import LAST, parse_event_id
 from worker.store.keys import Keys, SyncRedis
 from worker.store.listing import RunFilter, unindex_run
 from worker.store.queued import QueuedTurn
 from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
-from worker.store.status import EXECUTING, FINISHED, IN_FLIGHT, RunStatus
+from worker.store.status import FINISHED, IN_FLIGHT, RunStatus
 from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.tools import calls as tool_calls
 from worker.tools import turn as turn_tools
 from worker.tools.schema import tool_set
-from worker.turn.stall import read_report
 
-P = ParamSpec("P")
-R = TypeVar("R")
-T = TypeVar("T")
-
-CHECK_EVERY_S = 1.0
-"""How often a follow that sees no event of its turn looks whether a worker took it (so a
-turn no worker consumes is said to wait within a second or two)."""
 END_NOTICE_AFTER_S = 1.0
 """A live worker tears a run down well within this; past it ``end`` says what it waits for."""
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    """One entry of a run's stream."""
-
-    id: str
-    type: str
-    data: dict[str, Any]
-    ts: float
-
-    @property
-    def turn(self) -> int:
-        return int(self.id.split("-")[0])
-
-    @property
-    def seq(self) -> int:
-        return int(self.id.split("-")[1])
-
-    @property
-    def terminal(self) -> bool:
-        return self.type in TERMINAL_TYPES
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "type": self.type, "data": self.data, "ts": self.ts}
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Foreign errors become ours at the seam."""
-    try:
-        yield
-    except HarnessError:
-        raise
-    except REDIS_ERRORS as exc:
-        raise Unavailable(f"cannot reach Redis: {exc}") from exc
-    except OperationalError as exc:
-        raise Unavailable(f"cannot reach the broker: {exc}") from exc
-
-
-def _translate(fn: Callable[P, R]) -> Callable[P, R]:
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        with _translated():
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _translate_iter(fn: Callable[P, Iterator[T]]) -> Callable[P, Iterator[T]]:
-    """The same for a generator: its errors are raised by ``next()``, not by the call."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
-        with _translated():
-            yield from fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _after_previous_turn(turn: int) -> str:
-    """The stream id just before turn ``turn``'s first event."""
-    return "0-0" if turn <= 1 else f"{turn - 1}-18446744073709551615"
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -188,38 +111,6 @@ def _no_data(_: bytes) -> None:
     """A rewind's reply has no data chunks, only its facts."""
 
 
-def _entry(entry_id: str, fields: dict[str, str]) -> StreamEvent:
-    return StreamEvent(entry_id, fields["type"], json.loads(fields["data"]), float(fields["ts"]))
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A notice: turn ``turn`` is queued on ``queue`` and no live worker consumes that queue.
-
-    ``since`` is when the turn was sent (unix time; None when unknown). ``bound_s`` is how
-    long such a turn waits before the reaper ends it (a later turn bound to its run's host:
-    ``HARNESS_HOST_WAIT_S``, then a ``sandbox`` error and the run stays usable); None when
-    it waits until a worker comes (a harness queue).
-    """
-
-    run_id: str
-    turn: int
-    queue: str
-    since: float | None
-    bound_s: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "notice": "waiting",
-            "for": "turn",
-            "run_id": self.run_id,
-            "turn": self.turn,
-            "queue": self.queue,
-            "since": self.since,
-            "bound_s": self.bound_s,
-        }
-
-
 class HarnessClient:
     """Start runs, submit turns, read events, cancel and end runs."""
 
@@ -231,6 +122,12 @@ class HarnessClient:
         self.keys = Keys(self.settings.key_prefix)
         self.redis: SyncRedis = redis_client(self.settings)
         self.store = RunStore(self.redis, self.keys, self.settings.retention_s)
+        self.reading = RunReader(self.settings, self.redis, self.keys, self.store)
+        # Reading a run (docs/events.md, "Reading events"): RunReader's, named here.
+        self.events = self.reading.events
+        self.follow_run = self.reading.follow_run
+        self.follow = self.reading.follow
+        self.wait = self.reading.wait
         self._app = celery_app
 
     @classmethod
@@ -258,7 +155,7 @@ class HarnessClient:
             self.workspace.close()
         self.redis.close()
 
-    @_translate
+    @translate
     def ping(self) -> None:
         """Unavailable unless Redis answers."""
         self.redis.ping()
@@ -266,7 +163,7 @@ class HarnessClient:
     # -- runs and turns -------------------------------------------------------------------
 
     @tracing.traced("HarnessClient.start_run")
-    @_translate
+    @translate
     def start_run(
         self, harness: str, input: str, *, idempotency_key: str | None = None, **options: Any
     ) -> str:
@@ -345,7 +242,7 @@ class HarnessClient:
         self._send(run_id, 1, input, queue, attached)
         return run_id
 
-    @_translate
+    @translate
     def list_runs(
         self,
         *,
@@ -368,7 +265,7 @@ class HarnessClient:
         return {"runs": runs, "cursor": after}
 
     @tracing.traced("HarnessClient.submit_turn")
-    @_translate
+    @translate
     def submit_turn(
         self,
         run_id: str,
@@ -429,7 +326,7 @@ class HarnessClient:
         self._send(run_id, turn, input, queue, attached, output_schema)
         return turn
 
-    @_translate
+    @translate
     def set_budget(self, run_id: str, **limits: float | int | None) -> dict[str, Any]:
         """Change a run's budget (``max_cost_usd``, ``max_tokens``, ``max_turns``,
         ``max_wall_s``; 0 removes a limit, up to the operator's ceiling; a limit not named is
@@ -528,7 +425,7 @@ class HarnessClient:
 
     # -- reading ----------------------------------------------------------------------------
 
-    @_translate
+    @translate
     def status(self, run_id: str) -> dict[str, Any]:
         """The run record, typed, plus ``credential_live`` and ``waiting_for_worker`` (the
         :class:`Waiting` notice as a dict while its current turn waits for a worker, else
@@ -536,231 +433,23 @@ class HarnessClient:
         check_run_id(run_id)
         record = self.store.get(run_id)
         record["credential_live"] = bool(self.redis.exists(self.keys.credential(run_id)))
-        waiting = self._waiting(run_id, record)
+        waiting = self.reading.waiting_for(run_id, record)
         record["waiting_for_worker"] = None if waiting is None else waiting.as_dict()
         slot = slots.waiting_notice(run_id, record)
         record["waiting_for_slot"] = None if slot is None else slot.as_dict()
-        record["silent_turn"] = self._silent(run_id, record)
+        record["silent_turn"] = self.reading.silent(run_id, record)
         return record
 
-    def _silent(self, run_id: str, record: dict[str, Any]) -> dict[str, Any] | None:
-        """What the current turn's harness was doing when it had been silent for long."""
-        turn = record.get("current_turn")
-        if record.get("status") not in EXECUTING or not turn:
-            return None
-        return read_report(self.redis, self.keys, run_id, int(turn))
-
-    @_translate
+    @translate
     def waiting(self, run_id: str) -> Waiting | None:
         """A :class:`Waiting` notice while the run's current turn is queued and no live worker
         consumes its queue; None otherwise (started, finished, or a worker is there)."""
         check_run_id(run_id)
-        return self._waiting(run_id, self.store.get(run_id))
-
-    def _waiting(self, run_id: str, record: dict[str, Any]) -> Waiting | None:
-        turn = record.get("current_turn")
-        if record.get("status") not in EXECUTING or not turn:
-            return None
-        if self.redis.exists(self.keys.turn_started(run_id, turn)):
-            return None
-        queue = record.get("queue") or harness_queue(record["harness"], self.settings.key_prefix)
-        if hosts.alive(self.redis, self.keys, queue):
-            return None
-        since = self.store.queued_since(run_id, turn) or record.get("updated_at")
-        bound = None
-        if hosts.is_host_queue(queue, self.keys):
-            bound = float(self.settings.host_wait_s)
-        return Waiting(run_id, int(turn), queue, since, bound)
-
-    @_translate_iter
-    def events(
-        self,
-        run_id: str,
-        after: str | None = None,
-        follow: bool = False,
-        *,
-        until_terminal_of: int | None = None,
-        timeout: float | None = None,
-        block_ms: int = 1000,
-    ) -> Iterator[StreamEvent]:
-        """The run's events, oldest first, after the id ``after``.
-
-        With ``follow`` waits for new ones: forever, until ``timeout`` seconds pass, or until
-        the terminal event of turn ``until_terminal_of``. Raises, when iterated, RunNotFound
-        or InvalidInput first, Unavailable whenever Redis fails (resume after the last id
-        seen), and StreamLost when a followed run is gone from Redis (every event it had is
-        read first: :func:`worker.store.stream_end.lost`).
-        """
-        key = self._events_key(run_id, after)
-        cursor = after or "0-0"
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if follow:
-                wait = block_ms
-                if deadline is not None:
-                    wait = max(1, min(block_ms, int((deadline - time.monotonic()) * 1000)))
-                reply = self.redis.xread({key: cursor}, count=1000, block=wait)
-                entries = reply[0][1] if reply else []
-            elif parse_event_id(cursor) == LAST:
-                entries = []
-            else:
-                entries = self.redis.xrange(
-                    key, min=f"({cursor}" if cursor != "0-0" else "-", count=1000
-                )
-            for entry_id, fields in entries:
-                cursor = entry_id
-                event = _entry(entry_id, fields)
-                yield event
-                if (
-                    until_terminal_of is not None
-                    and event.terminal
-                    and event.turn == until_terminal_of
-                ):
-                    return
-            if not follow and len(entries) < 1000:
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            if not entries:
-                self._stop_if_lost(run_id, cursor)
-
-    def _events_key(self, run_id: str, after: str | None) -> str:
-        """The run's stream; RunNotFound when neither it nor the record is there, StreamLost
-        when a read resumes ``after`` an event of a run that is gone since."""
-        check_run_id(run_id)
-        if after is not None:
-            parse_event_id(after)
-        if not self.redis.exists(self.keys.run(run_id)) and not self.redis.exists(
-            self.keys.events(run_id)
-        ):
-            if after is not None and after != stream_end.START:
-                raise StreamLost(run_id)
-            raise RunNotFound(run_id)
-        return self.keys.events(run_id)
-
-    def _stop_if_lost(self, run_id: str, cursor: str) -> None:
-        """StreamLost once the run is lost and every event it had is read (a follower that
-        saw nothing new looks: one read of the record's status and the stream's end)."""
-        end, lost = stream_end.read_end(self.redis, self.keys, run_id)
-        if lost and end is not None and stream_end.reached(cursor, end):
-            raise StreamLost(run_id)
-
-    @_translate_iter
-    def follow_run(
-        self, run_id: str, after: str | None = None, *, block_ms: int = 1000
-    ) -> Iterator[StreamEvent]:
-        """The run's events after ``after`` as they come, until its stream has ended: the
-        run is ended or failed (or gone) and every event it has is read, the last turn's
-        terminal included (:mod:`worker.store.stream_end`; no grace period). Raises, when
-        iterated, RunNotFound or InvalidInput first, Unavailable whenever Redis fails
-        (resume after the last id seen), and StreamLost, once every event it had is read,
-        when the run is gone from Redis without an end (:func:`stream_end.lost`)."""
-        key = self._events_key(run_id, after)
-        cursor = after or stream_end.START
-        while True:
-            end, lost = stream_end.read_end(self.redis, self.keys, run_id)
-            block = None if end is not None else block_ms
-            reply = self.redis.xread({key: cursor}, count=1000, block=block)
-            entries = reply[0][1] if reply else []
-            for entry_id, fields in entries:
-                cursor = entry_id
-                yield _entry(entry_id, fields)
-            if end is not None and (not entries or stream_end.reached(cursor, end)):
-                if lost:
-                    raise StreamLost(run_id)
-                return
-
-    @_translate_iter
-    def follow(
-        self,
-        run_id: str,
-        turn: int,
-        *,
-        after: str | None = None,
-        wait: float | None = None,
-        block_ms: int = 1000,
-    ) -> Iterator[StreamEvent | Waiting | slots.SlotWaiting]:
-        """Turn ``turn``'s events as they come, up to its terminal event, with a notice.
-
-        Yields the events after ``after`` (default: the turn's first), and once, within a
-        second or two, a :class:`Waiting` notice if the turn is queued where no live worker
-        consumes it; it keeps waiting for one. ``wait`` bounds how long the turn may take to
-        start: past it raises TurnWaitTimeout, and the turn stays queued (cancel it to
-        withdraw it). Once the turn has started there is no bound here (the turn has its own
-        timeout). Unavailable when Redis fails: call again with ``after`` the last event id.
-        StreamLost when the run is gone from Redis before the turn's terminal (lost data).
-        """
-        key = self._events_key(run_id, after)
-        cursor = after or _after_previous_turn(turn)
-        began = time.monotonic()
-        started, noticed = False, False
-        slot_place: int | None = None
-        next_check = began + CHECK_EVERY_S
-        while True:
-            block = block_ms
-            if not started:
-                block = max(1, min(block_ms, int((next_check - time.monotonic()) * 1000)))
-                if wait is not None:
-                    left = int((began + wait - time.monotonic()) * 1000)
-                    block = max(1, min(block, left))
-            reply = self.redis.xread({key: cursor}, count=1000, block=block)
-            for entry_id, fields in reply[0][1] if reply else []:
-                cursor = entry_id
-                event = _entry(entry_id, fields)
-                started = started or event.turn >= turn
-                yield event
-                if event.terminal and event.turn == turn:
-                    return
-            if not reply:
-                self._stop_if_lost(run_id, cursor)
-            now = time.monotonic()
-            if started or (now < next_check and (wait is None or now < began + wait)):
-                continue
-            next_check = now + CHECK_EVERY_S
-            if self.redis.exists(self.keys.turn_started(run_id, turn)):
-                started = True
-                continue
-            record = self.store.get(run_id)
-            waiting = self._waiting(run_id, record)
-            if wait is not None and now >= began + wait:
-                raise TurnWaitTimeout(run_id, turn, self._gave_up(run_id, turn, wait, waiting))
-            if waiting is not None and not noticed:
-                noticed = True
-                yield waiting
-            slot = slots.waiting_notice(run_id, record) if record.get("slot_wait") else None
-            if slot is not None and slot.turn == turn and slot.place != slot_place:
-                slot_place = slot.place  # said again when its place changes
-                yield slot
-
-    def _gave_up(self, run_id: str, turn: int, wait: float, waiting: Waiting | None) -> str:
-        text = f"no worker started turn {turn} of run {run_id} within {wait:.3g}s"
-        if waiting is not None:
-            text += f" (no live worker consumes its queue {waiting.queue})"
-        return text + "; the turn stays queued"
-
-    @_translate
-    def wait(self, run_id: str, turn: int, timeout: float | None = None) -> StreamEvent:
-        """Block until the turn's terminal event and return it.
-
-        TurnWaitTimeout (a TimeoutError) when ``timeout`` seconds pass first; the turn goes on.
-        StreamLost when the run is gone from Redis (lost data) before the turn ended.
-        """
-        for event in self.events(
-            run_id,
-            after=_after_previous_turn(turn),
-            follow=True,
-            until_terminal_of=turn,
-            timeout=timeout,
-        ):
-            if event.terminal and event.turn == turn:
-                return event
-        raise TurnWaitTimeout(
-            run_id, turn, f"turn {turn} of run {run_id} did not end within {timeout:g}s"
-        )
+        return self.reading.waiting_for(run_id, self.store.get(run_id))
 
     # -- work out ---------------------------------------------------------------------------
 
-    @_translate
+    @translate
     def diff(
         self,
         run_id: str,
@@ -798,7 +487,7 @@ class HarnessClient:
         )
         return b"".join(parts)
 
-    @_translate
+    @translate
     def export(self, run_id: str, path: str | Path, *, turn: int | None = None) -> dict[str, Any]:
         """Write a tar.gz of the workspace as it was after ``turn`` (default: the last) to
         ``path``; the reply's facts (``turn``, ``bytes``). Refused above the operator's
@@ -829,7 +518,7 @@ class HarnessClient:
             partial.unlink(missing_ok=True)
         return facts
 
-    @_translate
+    @translate
     def rewind(self, run_id: str, turn: int) -> dict[str, Any]:
         """Put the workspace back as it was after ``turn`` (0: as seeded); the next turn sees
         it, and publishes the rewind as a ``workspace`` event. Returns that event's data.
@@ -850,7 +539,7 @@ class HarnessClient:
 
     # -- permission requests (--posture ask; worker/permissions/requests.py) -----------------------
 
-    @_translate
+    @translate
     def pending(self, run_id: str) -> list[dict[str, Any]]:
         """The run's permission requests still waiting for an answer, oldest first: each
         with ``request_id``, ``turn``, ``tool``, ``description``, ``command``, ``input``
@@ -859,7 +548,7 @@ class HarnessClient:
         self.store.get(run_id)  # RunNotFound
         return permissions.pending(self.redis, self.keys, run_id)
 
-    @_translate
+    @translate
     def serve_tools(
         self,
         name: str,
@@ -912,7 +601,7 @@ class HarnessClient:
             raise InvalidInput(f"tool set {name}: {exc}") from None
         server.serve(stop)
 
-    @_translate
+    @translate
     def approve(
         self, run_id: str, request_id: str, *, always: bool = False, by: str | None = None
     ) -> dict[str, Any]:
@@ -925,7 +614,7 @@ class HarnessClient:
             self.redis, self.keys, run_id, request_id, allow=True, always=always, by=by or who()
         )
 
-    @_translate
+    @translate
     def deny(
         self, run_id: str, request_id: str, *, message: str | None = None, by: str | None = None
     ) -> dict[str, Any]:
@@ -939,7 +628,7 @@ class HarnessClient:
 
     # -- stopping ---------------------------------------------------------------------------
 
-    @_translate
+    @translate
     def cancel(self, run_id: str) -> bool:
         """Stop the in-flight turn. False when nothing is in flight."""
         check_run_id(run_id)
@@ -962,7 +651,7 @@ class HarnessClient:
         )
         return True
 
-    @_translate
+    @translate
     def end(
         self,
         run_id: str,
