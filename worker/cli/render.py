@@ -101,7 +101,7 @@ def format_since(ts: float, now: float | None = None) -> str:
 
 
 def waiting_text(notice: dict[str, Any], now: float | None = None) -> str:
-    """A :class:`worker.client.harness.Waiting` notice (as its dict) in a sentence."""
+    """A :class:`worker.client.reading.Waiting` notice (as its dict) in a sentence."""
     text = f"waiting for a worker on {notice['queue']}"
     if isinstance(notice.get("since"), int | float):
         text += f" since {format_since(float(notice['since']), now)}"
