@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.errors import ApiError
 from worker.api.tenants import Tenant, TenantRegistry, hash_key
+from worker.options.spec import RUN_ID
 from worker.store.keys import Keys
 
 TOKEN_PREFIX = "hl_"
@@ -159,7 +160,7 @@ async def authenticate(
 ) -> Tenant | None:
     """The tenant a request bearing the link ``token`` acts as, or None (no live link of
     this run); 403 for a call the link's mode does not allow."""
-    if run_id is None:
+    if run_id is None or not RUN_ID.fullmatch(run_id):
         return None
     link = await find(api.pool, api.keys, run_id, token)
     tenant = holder(link, api.tenants) if link is not None else None
