@@ -9,13 +9,12 @@ which a caller resumes with ``after=`` the last id it saw (no gap, no duplicate)
 
 from __future__ import annotations
 
-import errno
 import functools
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, get_args
+from typing import Any, get_args
 
 import redis
 from celery import Celery
@@ -32,8 +31,6 @@ from worker.errors import (
     BudgetSpent,
     InvalidInput,
     InvalidSettings,
-    RunBusy,
-    RunEnded,
     Unavailable,
 )
 from worker.fleet import hosts
@@ -58,7 +55,7 @@ from worker.store.listing import RunFilter, unindex_run
 from worker.store.queued import QueuedTurn
 from worker.store.records import RunStore
 from worker.store.redis_client import redis_client
-from worker.store.status import FINISHED, IN_FLIGHT, RunStatus
+from worker.store.status import IN_FLIGHT, RunStatus
 from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.tools import calls as tool_calls
 from worker.tools import turn as turn_tools
@@ -73,42 +70,6 @@ def _settings(**overrides: Any) -> Settings:
         return load_settings(**overrides)
     except SettingsError as exc:
         raise InvalidSettings(str(exc)) from None
-
-
-def _check_snapshot(turn: object, what: str, *, required: bool = False) -> None:
-    """InvalidInput unless ``turn`` can name a snapshot: a whole number, 0 or more (0 is
-    the workspace before the first turn); None when not ``required``."""
-    if turn is None and not required:
-        return
-    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
-        raise InvalidInput(
-            f"no snapshot after turn {turn!r} ({what}): a snapshot is named by its turn, "
-            "0 or more (0: the workspace before the first turn)"
-        )
-
-
-def _unwritable(target: Path, exc: OSError) -> InvalidInput:
-    if not target.parent.is_dir():
-        why = f"its folder {str(target.parent)!r} does not exist"
-    else:
-        why = exc.strerror or str(exc)
-    return InvalidInput(f"cannot write the export to {str(target)!r}: {why}")
-
-
-def _writer(out: BinaryIO, target: Path) -> Callable[[bytes], object]:
-    """``out.write``, its errors (a full disk) said as the export's."""
-
-    def write(data: bytes) -> object:
-        try:
-            return out.write(data)
-        except OSError as exc:
-            raise _unwritable(target, exc) from None
-
-    return write
-
-
-def _no_data(_: bytes) -> None:
-    """A rewind's reply has no data chunks, only its facts."""
 
 
 class HarnessClient:
@@ -128,6 +89,13 @@ class HarnessClient:
         self.follow_run = self.reading.follow_run
         self.follow = self.reading.follow
         self.wait = self.reading.wait
+        # Work out of a run (docs/events.md, "Work in and out"): the workspace requests'.
+        self.workspace = WorkspaceRequests(
+            self.settings, self.keys, self.redis, self.store, lambda: self.app
+        )
+        self.diff = self.workspace.diff
+        self.export = self.workspace.export
+        self.rewind = self.workspace.rewind
         self._app = celery_app
 
     @classmethod
@@ -145,14 +113,8 @@ class HarnessClient:
         """Idempotency keys' first answers (``start_run``/``submit_turn``)."""
         return idempotency.Idempotency(self.redis, self.keys, self.settings.idempotency_ttl_s)
 
-    @functools.cached_property
-    def workspace(self) -> WorkspaceRequests:
-        """Archive uploads and diff, export and rewind requests (binary Redis traffic)."""
-        return WorkspaceRequests(self.settings, self.keys, self.redis, lambda: self.app)
-
     def close(self) -> None:
-        if "workspace" in self.__dict__:
-            self.workspace.close()
+        self.workspace.close()
         self.redis.close()
 
     @translate
@@ -446,96 +408,6 @@ class HarnessClient:
         consumes its queue; None otherwise (started, finished, or a worker is there)."""
         check_run_id(run_id)
         return self.reading.waiting_for(run_id, self.store.get(run_id))
-
-    # -- work out ---------------------------------------------------------------------------
-
-    @translate
-    def diff(
-        self,
-        run_id: str,
-        *,
-        turn: int | None = None,
-        from_turn: int | None = None,
-        to_turn: int | None = None,
-        out: BinaryIO | None = None,
-    ) -> bytes:
-        """A unified diff of the run's workspace, from the run's host: what turn ``turn``
-        changed, or from snapshot ``from_turn`` (default: the first) to ``to_turn`` (default:
-        the last). Binary files are named, not dumped. Written to ``out`` when given (then
-        returns b""), else returned. Refused when there is no such snapshot; InvalidInput,
-        before the host is asked, for a turn below 0."""
-        check_run_id(run_id)
-        _check_snapshot(turn, "turn")
-        _check_snapshot(from_turn, "from")
-        _check_snapshot(to_turn, "to")
-        if turn is not None and (from_turn is not None or to_turn is not None):
-            raise InvalidInput("give either a turn, or from and to turns, not both")
-        if turn is not None:
-            from_turn, to_turn = max(turn - 1, 0), turn
-        if from_turn is None and to_turn is not None:
-            from_turn = 0
-        parts: list[bytes] = []
-
-        def sink(data: bytes) -> None:
-            if out is not None:
-                out.write(data)
-            else:
-                parts.append(data)
-
-        self.workspace.ask(
-            run_id, self._queue(run_id), "diff", sink, turn=to_turn, from_turn=from_turn
-        )
-        return b"".join(parts)
-
-    @translate
-    def export(self, run_id: str, path: str | Path, *, turn: int | None = None) -> dict[str, Any]:
-        """Write a tar.gz of the workspace as it was after ``turn`` (default: the last) to
-        ``path``; the reply's facts (``turn``, ``bytes``). Refused above the operator's
-        HARNESS_EXPORT_MAX_BYTES; nothing is left at ``path`` then. InvalidInput, before the
-        host is asked, when ``path`` cannot be written (its folder is missing, it is a
-        folder, no permission), or later when writing it fails; nothing is left then
-        either; InvalidInput too for a turn below 0."""
-        check_run_id(run_id)
-        _check_snapshot(turn, "turn")
-        target = Path(path)
-        partial = target.with_name(f".{target.name}.partial")
-        try:
-            if target.is_dir():
-                raise IsADirectoryError(errno.EISDIR, "it is a folder")
-            out = partial.open("wb")
-        except OSError as exc:
-            raise _unwritable(target, exc) from None
-        try:
-            with out:
-                facts = self.workspace.ask(
-                    run_id, self._queue(run_id), "export", _writer(out, target), turn=turn
-                )
-            try:
-                partial.replace(target)
-            except OSError as exc:
-                raise _unwritable(target, exc) from None
-        finally:
-            partial.unlink(missing_ok=True)
-        return facts
-
-    @translate
-    def rewind(self, run_id: str, turn: int) -> dict[str, Any]:
-        """Put the workspace back as it was after ``turn`` (0: as seeded); the next turn sees
-        it, and publishes the rewind as a ``workspace`` event. Returns that event's data.
-        RunBusy while a turn is in flight; InvalidInput, before anything is asked, for a
-        turn below 0."""
-        check_run_id(run_id)
-        _check_snapshot(turn, "turn", required=True)
-        record = self.store.get(run_id)
-        if record["status"] in IN_FLIGHT:
-            raise RunBusy(run_id, record.get("current_turn"))
-        if record["status"] in FINISHED:
-            raise RunEnded(run_id, record["status"])
-        return self.workspace.ask(run_id, record.get("queue"), "rewind", _no_data, turn=turn)
-
-    def _queue(self, run_id: str) -> str | None:
-        queue: str | None = self.store.get(run_id).get("queue")
-        return queue
 
     # -- permission requests (--posture ask; worker/permissions/requests.py) -----------------------
 

@@ -3,24 +3,28 @@ and rewind requests answered by the run's host (:mod:`worker.workspace.ops`)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import secrets
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from celery import Celery
 
 from config import Settings
 from worker.app_names import TASK_WORKSPACE
-from worker.errors import InvalidInput, Refused
+from worker.client.translate import translate
+from worker.errors import InvalidInput, Refused, RunBusy, RunEnded
 from worker.fleet import hosts
 from worker.options import attachments as checks
 from worker.options.attachments import AttachmentLimits
-from worker.options.spec import AttachmentRef
+from worker.options.spec import AttachmentRef, check_run_id
 from worker.store.keys import Keys, SyncRedis
+from worker.store.records import RunStore
+from worker.store.status import FINISHED, IN_FLIGHT
 from worker.store.transfer import BinaryRedis, binary_client, push_bytes, read_reply, upload
 
 
@@ -69,8 +73,16 @@ def load_attachments(paths: Sequence[str | Path], limits: AttachmentLimits) -> l
 class WorkspaceRequests:
     """Uploads and workspace requests of one client (its settings, Redis and Celery app)."""
 
-    def __init__(self, settings: Settings, keys: Keys, redis: SyncRedis, app: Callable[[], Celery]):
-        self.settings, self.keys, self.redis, self._app = settings, keys, redis, app
+    def __init__(
+        self,
+        settings: Settings,
+        keys: Keys,
+        redis: SyncRedis,
+        store: RunStore,
+        app: Callable[[], Celery],
+    ):
+        self.settings, self.keys, self.redis, self.store = settings, keys, redis, store
+        self._app = app
         self._binary: BinaryRedis | None = None
 
     @property
@@ -138,3 +150,125 @@ class WorkspaceRequests:
             timeout_s=wait,
             alive=lambda: hosts.alive(self.redis, self.keys, queue),
         )
+
+    @translate
+    def diff(
+        self,
+        run_id: str,
+        *,
+        turn: int | None = None,
+        from_turn: int | None = None,
+        to_turn: int | None = None,
+        out: BinaryIO | None = None,
+    ) -> bytes:
+        """A unified diff of the run's workspace, from the run's host: what turn ``turn``
+        changed, or from snapshot ``from_turn`` (default: the first) to ``to_turn`` (default:
+        the last). Binary files are named, not dumped. Written to ``out`` when given (then
+        returns b""), else returned. Refused when there is no such snapshot; InvalidInput,
+        before the host is asked, for a turn below 0."""
+        check_run_id(run_id)
+        _check_snapshot(turn, "turn")
+        _check_snapshot(from_turn, "from")
+        _check_snapshot(to_turn, "to")
+        if turn is not None and (from_turn is not None or to_turn is not None):
+            raise InvalidInput("give either a turn, or from and to turns, not both")
+        if turn is not None:
+            from_turn, to_turn = max(turn - 1, 0), turn
+        if from_turn is None and to_turn is not None:
+            from_turn = 0
+        parts: list[bytes] = []
+
+        def sink(data: bytes) -> None:
+            if out is not None:
+                out.write(data)
+            else:
+                parts.append(data)
+
+        self.ask(run_id, self._queue(run_id), "diff", sink, turn=to_turn, from_turn=from_turn)
+        return b"".join(parts)
+
+    @translate
+    def export(self, run_id: str, path: str | Path, *, turn: int | None = None) -> dict[str, Any]:
+        """Write a tar.gz of the workspace as it was after ``turn`` (default: the last) to
+        ``path``; the reply's facts (``turn``, ``bytes``). Refused above the operator's
+        HARNESS_EXPORT_MAX_BYTES; nothing is left at ``path`` then. InvalidInput, before the
+        host is asked, when ``path`` cannot be written (its folder is missing, it is a
+        folder, no permission), or later when writing it fails; nothing is left then
+        either; InvalidInput too for a turn below 0."""
+        check_run_id(run_id)
+        _check_snapshot(turn, "turn")
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "it is a folder")
+            out = partial.open("wb")
+        except OSError as exc:
+            raise _unwritable(target, exc) from None
+        try:
+            with out:
+                facts = self.ask(
+                    run_id, self._queue(run_id), "export", _writer(out, target), turn=turn
+                )
+            try:
+                partial.replace(target)
+            except OSError as exc:
+                raise _unwritable(target, exc) from None
+        finally:
+            partial.unlink(missing_ok=True)
+        return facts
+
+    @translate
+    def rewind(self, run_id: str, turn: int) -> dict[str, Any]:
+        """Put the workspace back as it was after ``turn`` (0: as seeded); the next turn sees
+        it, and publishes the rewind as a ``workspace`` event. Returns that event's data.
+        RunBusy while a turn is in flight; InvalidInput, before anything is asked, for a
+        turn below 0."""
+        check_run_id(run_id)
+        _check_snapshot(turn, "turn", required=True)
+        record = self.store.get(run_id)
+        if record["status"] in IN_FLIGHT:
+            raise RunBusy(run_id, record.get("current_turn"))
+        if record["status"] in FINISHED:
+            raise RunEnded(run_id, record["status"])
+        return self.ask(run_id, record.get("queue"), "rewind", _no_data, turn=turn)
+
+    def _queue(self, run_id: str) -> str | None:
+        queue: str | None = self.store.get(run_id).get("queue")
+        return queue
+
+
+def _check_snapshot(turn: object, what: str, *, required: bool = False) -> None:
+    """InvalidInput unless ``turn`` can name a snapshot: a whole number, 0 or more (0 is
+    the workspace before the first turn); None when not ``required``."""
+    if turn is None and not required:
+        return
+    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+        raise InvalidInput(
+            f"no snapshot after turn {turn!r} ({what}): a snapshot is named by its turn, "
+            "0 or more (0: the workspace before the first turn)"
+        )
+
+
+def _unwritable(target: Path, exc: OSError) -> InvalidInput:
+    if not target.parent.is_dir():
+        why = f"its folder {str(target.parent)!r} does not exist"
+    else:
+        why = exc.strerror or str(exc)
+    return InvalidInput(f"cannot write the export to {str(target)!r}: {why}")
+
+
+def _writer(out: BinaryIO, target: Path) -> Callable[[bytes], object]:
+    """``out.write``, its errors (a full disk) said as the export's."""
+
+    def write(data: bytes) -> object:
+        try:
+            return out.write(data)
+        except OSError as exc:
+            raise _unwritable(target, exc) from None
+
+    return write
+
+
+def _no_data(_: bytes) -> None:
+    """A rewind's reply has no data chunks, only its facts."""
