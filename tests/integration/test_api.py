@@ -263,6 +263,8 @@ def test_every_route_is_in_openapi_with_its_errors(api: ApiProcess) -> None:  # 
         ("get", "/v1/runs/{run_id}/export"),
         ("post", "/v1/runs/{run_id}/rewind"),
         ("patch", "/v1/runs/{run_id}/budget"),
+        ("post", "/v1/runs/{run_id}/links"),
+        ("delete", "/v1/runs/{run_id}/links/{link_id}"),
         ("get", "/v1/healthz"),
     }
     found = {(m, p) for p, ops in spec["paths"].items() for m in ops}

@@ -88,6 +88,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (400, "Invalid input or beyond policy"),
         (401, "Missing or unknown API key"),
+        (403, "A run page link does not allow this call (worker/api/links.py)"),
         (404, "No such run of this tenant"),
         (409, "The run is busy or has ended, or the request was refused"),
         (413, "Request body too large"),

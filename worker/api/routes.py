@@ -35,8 +35,11 @@ def _api(request: Request) -> Any:
 def _errors(*codes: int, ok: Any = None) -> dict[int | str, dict[str, Any]]:
     """The error statuses every authenticated route may answer, with ``codes``; ``ok``: the
     model of the 200 answer, for routes that return it unchecked (a record, events)."""
+    # A route of one run (those that may say 404) may also refuse a page link's call, 403.
+    link_refusal = {403} if 404 in codes else set()
     found: dict[int | str, dict[str, Any]] = {
-        code: ERROR_RESPONSES[code] for code in sorted({400, 401, 413, 422, 429, 503, *codes})
+        code: ERROR_RESPONSES[code]
+        for code in sorted({400, 401, 413, 422, 429, 503, *codes, *link_refusal})
     }
     if ok is not None:
         found[200] = {"model": ok, "description": "OK"}
