@@ -39,6 +39,9 @@ from worker.store.errors import REDIS_ERRORS
 from worker.store.event_ids import START, EventId, parse_event_id
 from worker.store.keys import Keys
 
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
+"""What says Redis is out of reach (a refused or reset connection is an OSError too)."""
+
 log = logging.getLogger("worker.api.sse")
 
 Entry = tuple[str, str, str]
@@ -202,7 +205,7 @@ class StreamHub:
                 await self._pass()
             except asyncio.CancelledError:
                 raise
-            except (*REDIS_ERRORS, OSError) as exc:
+            except UNREACHABLE_ERRORS as exc:
                 log.warning("sse.redis_unreachable", extra={"error": str(exc)})
                 self._end_all(UNREACHABLE)
                 await asyncio.sleep(1.0)
