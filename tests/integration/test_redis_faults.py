@@ -6,6 +6,7 @@ about a Redis that keeps nothing on disk. A private redis-server per test (bench
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,9 @@ from bench.private_redis import PrivateRedis
 from config import load_settings
 from tests.conftest import ROOT
 from tests.helpers import wait_for
+from tests.integration.api_server import start_api
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env, start_worker
+from tests.integration.test_api_sse import parse
 from worker.cli.doctor import Check, collect, redis_config_checks
 from worker.errors import StreamLost
 from worker.store import stream_end
@@ -135,6 +138,39 @@ def test_wait_raises_stream_lost_after_a_flushall(fault_env: Env, worker: Worker
         list(client.follow_run(run_id, after="1-1"))
     with pytest.raises(StreamLost):
         list(client.follow(run_id, 1, after="1-1"))
+
+
+def test_an_sse_stream_says_the_run_is_lost_after_a_flushall(
+    fault_env: Env, worker: WorkerProcess
+) -> None:
+    """``GET .../events/stream`` of a run whose data Redis lost ends with a ``stream-lost``
+    event (no id: not an entry of the run) instead of keep-alives forever, or a quiet close a
+    client cannot tell from the run's end."""
+    api = start_api(fault_env)
+    try:
+        api.add_tenant("acme")
+        with api.client("acme") as http:
+            created = http.post(
+                "/v1/runs", json={"harness": "stdio-json", "input": SLOW_TURN, "executable": DEMO}
+            )
+            assert created.status_code == 201, created.text
+            run_id = created.json()["run_id"]
+            _begun(fault_env, run_id)
+            text, lost_at = "", 0.0
+            with http.stream("GET", f"/v1/runs/{run_id}/events/stream") as response:
+                assert response.status_code == 200
+                for chunk in response.iter_text():
+                    text += chunk
+                    if not lost_at and "id: 1-1" in text:
+                        fault_env.redis().flushall()
+                        lost_at = time.monotonic()
+        assert lost_at and time.monotonic() - lost_at < LOST_WITHIN_S
+        messages = list(parse(text))
+        assert messages[-1].get("event") == "stream-lost", messages[-3:]
+        assert "id" not in messages[-1]
+        assert "gone from Redis" in json.loads(messages[-1]["data"])["reason"]
+    finally:
+        api.stop()
 
 
 def test_no_key_is_left_without_an_expiry_after_a_flushall(

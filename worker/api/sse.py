@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,10 +56,16 @@ class Ending:
 
     comment: str = ""
     retry_ms: int | None = None
+    event: str | None = None
+    """A last SSE event (no id: it is not an entry of the run's stream), for a client to act
+    on where a comment would go unseen."""
 
     def text(self) -> str:
         retry = f"retry: {self.retry_ms}\n" if self.retry_ms is not None else ""
-        return f"{retry}: {self.comment}\n\n" if self.comment or retry else ""
+        said = f"{retry}: {self.comment}\n\n" if self.comment or retry else ""
+        if self.event is not None:
+            said += f"event: {self.event}\ndata: {json.dumps({'reason': self.comment})}\n\n"
+        return said
 
 
 _END = Ending()
@@ -66,6 +73,9 @@ _END = Ending()
 DRAINING = Ending("the server is shutting down; reconnect with Last-Event-ID", 1000)
 UNREACHABLE = Ending("Redis cannot be reached; reconnect with Last-Event-ID", 5000)
 REVOKED = Ending("the key no longer authenticates")
+LOST = Ending(
+    "the run is gone from Redis without its end (Redis lost its data)", event="stream-lost"
+)
 QUEUE_MAX = 10_000
 """Entries a client may fall behind by; past it its stream is closed (it resumes with
 ``Last-Event-ID``) rather than held in memory."""
@@ -102,6 +112,9 @@ class _Run:
     end: str | None = None
     """Where the run's stream ends, once the run has ended: its client streams close when
     the hub's cursor reaches it."""
+    lost: bool = False
+    """The run is gone without its end (:func:`worker.store.stream_end.lost`): its streams
+    end with :data:`LOST` rather than quietly."""
 
 
 class StreamHub:
@@ -301,13 +314,14 @@ class StreamHub:
                 self._drop(run_id, "sse.record_failed", str(failed[0]))
                 continue
             run.end = stream_end.end_of(status, newest)
+            run.lost = stream_end.lost(status, newest)
 
     def _close_ended(self) -> None:
         """End the client streams of every ended run the hub has read to its end."""
         for run_id, run in list(self._runs.items()):
             if run.end is not None and stream_end.reached(run.cursor, run.end):
                 for sub in list(run.subscribers):
-                    self._close(run, sub)
+                    self._close(run, sub, LOST if run.lost else _END)
                 self._runs.pop(run_id, None)
                 self._by_key.pop(run.key, None)
 
