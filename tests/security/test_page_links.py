@@ -122,14 +122,20 @@ def test_a_read_link_cannot_answer_and_an_approve_link_can(
         run_id = start(http, "@ask touch linked.txt\n@complete asked", posture="ask")
         request_id = wait_pending(http, run_id)[0]["request_id"]
         read = token_of(link(http, run_id, mode="read"))
-        approve = token_of(link(http, run_id, mode="approve"))
+        made = link(http, run_id, mode="approve")
+        approve = token_of(made)
     answer = f"/v1/runs/{run_id}/permissions/{request_id}"
     with bearer(api, read) as page_http:
         assert page_http.post(answer, json={"decision": "allow"}).status_code == 403
     with bearer(api, approve) as page_http:
-        assert page_http.post(answer, json={"decision": "allow"}).status_code == 200
+        # The link answers as itself: a user it names is not taken on its word.
+        said = page_http.post(answer, json={"decision": "allow", "by": "ceo"})
+        assert said.status_code == 200, said.text
     with api.client("acme") as http:
         assert wait_terminal(http, run_id, 1)["type"] == "turn-complete"
+        events = http.get(f"/v1/runs/{run_id}/events").json()
+    decisions = [e["data"] for e in events if e["type"] == "permission-decision"]
+    assert [d["by"] for d in decisions] == [f"api:acme:link:{made['link_id']}"]
 
 
 def test_a_link_expires_and_its_life_is_bounded(api: ApiProcess) -> None:  # noqa: F811

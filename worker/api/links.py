@@ -157,9 +157,9 @@ def holder(link: Link, tenants: TenantRegistry) -> Tenant | None:
 
 async def authenticate(
     api: Any, token: str, method: str, route: str, run_id: str | None
-) -> Tenant | None:
-    """The tenant a request bearing the link ``token`` acts as, or None (no live link of
-    this run); 403 for a call the link's mode does not allow."""
+) -> tuple[Tenant, Link] | None:
+    """The tenant a request bearing the link ``token`` acts as, and the link; None when no
+    live link of this run has it; 403 for a call the link's mode does not allow."""
     if run_id is None or not RUN_ID.fullmatch(run_id):
         return None
     link = await find(api.pool, api.keys, run_id, token)
@@ -168,7 +168,7 @@ async def authenticate(
         return None
     if (method, route) not in ROUTES[link.mode]:
         raise ApiError(403, "forbidden", f"a {link.mode} page link cannot call {method} {route}")
-    return tenant
+    return tenant, link
 
 
 async def revoke(redis: Any, keys: Keys, run_id: str, link_id: str) -> bool:

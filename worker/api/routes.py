@@ -69,17 +69,17 @@ async def _tenant(
             {"Retry-After": str(guessing.retry_after_s)},
         )
     bearer = credentials.credentials
-    tenant: Tenant | None = (
-        await links.authenticate(
-            api,
-            bearer,
-            request.method,
-            getattr(request.scope.get("route"), "path", ""),
-            request.path_params.get("run_id"),
+    tenant: Tenant | None
+    if links.is_token(bearer):
+        route = getattr(request.scope.get("route"), "path", "")
+        linked = await links.authenticate(
+            api, bearer, request.method, route, request.path_params.get("run_id")
         )
-        if links.is_token(bearer)
-        else api.tenants.authenticate(bearer)
-    )
+        tenant = linked[0] if linked else None
+        # Who answers through the page: the link, as the record of a decision says.
+        request.state.link_id = linked[1].link_id if linked else None
+    else:
+        tenant = api.tenants.authenticate(bearer)
     if tenant is None:
         await api.auth_failures.failed(address)
         raise ApiError(401, "unauthorized", "unknown or revoked API key", challenge)
@@ -390,7 +390,9 @@ async def answer(
     api = await _owned(request, run_id, tenant)
     # The tenant's name leads, set here: a user named by the body cannot pass for another
     # tenant, a rule or the worker (docs/events.md, permission-decision).
-    who = f"api:{tenant.name}" + (f":{body.by}" if body.by else "")
+    via_link = getattr(request.state, "link_id", None)
+    user = f"link:{via_link}" if via_link else body.by
+    who = f"api:{tenant.name}" + (f":{user}" if user else "")
     if body.decision == "allow":
         call = lambda: api.client.approve(run_id, request_id, always=body.always, by=who)  # noqa: E731
     else:
