@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,6 @@ import httpx
 import pytest
 
 from bench.private_redis import PrivateRedis
-from tests.conftest import ROOT
 from tests.integration.api_server import (  # noqa: F401
     ApiProcess,
     api_env,
@@ -40,37 +38,9 @@ LONG_TURN = "@text begun\n@stream 200 0.1\n@complete drained"
 
 def start_harness_api(env: Env, tenants_file: Path, **overrides: str) -> ApiProcess:
     """``harness api`` itself (not uvicorn's own command): its process group, ready."""
-    port = free_port()
-    variables = {
-        **os.environ,
-        **env.vars,
-        "HARNESS_TENANTS_FILE": str(tenants_file),
-        "HARNESS_API_RATE_LIMIT": "100000",
-        **overrides,
-        "PYTHONUNBUFFERED": "1",
-    }
-    log = env.tmp / f"harness-api-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "api", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT,
-            env=variables,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    api = ApiProcess(proc, f"http://127.0.0.1:{port}", log, tenants_file)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"harness api exited at start:\n{api.logs()}"
-        try:
-            if httpx.get(f"{api.url}/v1/healthz", timeout=2).status_code == 200:
-                return api
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    api.stop()
-    raise AssertionError(f"harness api did not become ready:\n{api.logs()}")
+    return start_api(
+        env, "harness-api", procfile=True, HARNESS_TENANTS_FILE=str(tenants_file), **overrides
+    )
 
 
 class Stream:
