@@ -50,9 +50,14 @@ def glob_regex(glob: str) -> str:
     return "(?s)" + "".join(parts)
 
 
-@functools.lru_cache(maxsize=256)
+GLOB_MAX_MEM = 8 << 20
+"""RE2's memory for one glob: enough for its DFA to stay a DFA against a command of several
+MiB, matched on every request (worker/options/schema_regex.py, ``MAX_MEM``)."""
+
+
+@functools.lru_cache(maxsize=32)  # at most 32 x GLOB_MAX_MEM of DFAs kept by a process
 def compiled_glob(glob: str) -> Any:
-    return compile_pattern(glob_regex(glob))
+    return compile_pattern(glob_regex(glob), max_mem=GLOB_MAX_MEM)
 
 
 def glob_of(pattern: str) -> tuple[str, str | None] | None:
