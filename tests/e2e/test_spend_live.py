@@ -76,6 +76,8 @@ def spend_deployment(
         HARNESS_NETWORK="host",
         HARNESS_ALLOWED_NETWORKS="none,host",
         HARNESS_GRANTS=GRANTS,
+        # The harnesses' --base-url is the fake model on loopback (operator policy).
+        HARNESS_ALLOWED_BASE_URLS="127.0.0.1",
         HARNESS_RETENTION_S="3600",
         HARNESS_CONCURRENCY="4",
         HARNESS_BACKOFF_BASE_S="1",
