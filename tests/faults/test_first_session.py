@@ -13,7 +13,8 @@ from tests.helpers import assert_one_terminal, wait_for
 from tests.integration.conftest import DEMO, Env, WorkerProcess, start_worker
 from worker.client import HarnessClient
 
-pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
+# Mostly waiting on real time (faults, drains, handlers asleep): in the parallel phase.
+pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.slow, pytest.mark.long]
 
 
 def announced_session(client: HarnessClient, run_id: str, timeout: float = 30) -> str:

@@ -29,7 +29,8 @@ from tests.integration.test_api import start
 from tests.integration.test_api_sse import is_terminal, parse
 from worker.api import tenants
 
-pytestmark = [pytest.mark.redis, pytest.mark.celery]
+# Mostly waiting on real time (faults, drains, handlers asleep): in the parallel phase.
+pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.long]
 
 DRAIN_S = 3.0
 LONG_TURN = "@text begun\n@stream 200 0.1\n@complete drained"

@@ -29,7 +29,8 @@ from worker.cli.doctor import Check, collect, redis_config_checks
 from worker.errors import StreamLost
 from worker.store import stream_end
 
-pytestmark = [pytest.mark.redis, pytest.mark.celery]
+# Mostly waiting on real time (faults, drains, handlers asleep): in the parallel phase.
+pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.long]
 
 SLOW_TURN = "@text begun\n@sleep 2\n@stream 12 0.25\n@complete done"
 """A turn that streams for about 5 s after its first event: time to lose Redis under it."""

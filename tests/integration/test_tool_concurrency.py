@@ -26,7 +26,8 @@ from worker.store.keys import SyncRedis
 from worker.tools import calls
 from worker.tools.backend import Reply
 
-pytestmark = pytest.mark.redis
+# Mostly waiting on real time (faults, drains, handlers asleep): in the parallel phase.
+pytestmark = [pytest.mark.redis, pytest.mark.long]
 
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 

@@ -46,7 +46,8 @@ from worker.store.records import RunStore
 from worker.turn.execute import close_lost_turn, execute_turn
 from worker.turn.life import TurnLife
 
-pytestmark = [pytest.mark.redis]
+# Mostly waiting on real time (faults, drains, handlers asleep): in the parallel phase.
+pytestmark = [pytest.mark.redis, pytest.mark.long]
 
 SLOT_KEY = "race-slot-key-5d1e"
 
