@@ -146,7 +146,8 @@ def test_the_run_page_streams_the_turn_and_approves_a_request(
             for e in http.get(f"/v1/runs/{run_id}/events").json()
             if e["type"] == "permission-decision"
         )
-        assert decision["data"]["by"] == "api:acme"
+        # Answered through the page's link: the decision names it.
+        assert decision["data"]["by"] == f"api:acme:link:{made.json()['link_id']}"
     page = httpx.get(f"{api.url}/runs/{run_id}")
     assert page.status_code == 200 and api.keys["acme"] not in page.text
     assert "connect-src 'self'" in page.headers["content-security-policy"]
