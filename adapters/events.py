@@ -22,8 +22,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError
 
-ActivityKind = Literal["command", "file", "tool", "network", "other"]
-UsageSource = Literal["harness", "replay"]
+ActivityKind = Literal["command", "file", "tool", "network", "model", "other"]
+"""``model``: what the model gateway did with a model request (a fallback, a refusal)."""
+UsageSource = Literal["harness", "replay", "gateway"]
+"""``harness``: what the CLI reported; ``replay``: a transcript replayed into a fresh session
+(estimated); ``gateway``: the model API's own count of one request, read at the model gateway
+(beside the harness's, never added to it)."""
 ErrorReason = Literal[
     "rate-limited",
     "quota",
@@ -272,6 +276,16 @@ class Usage(_Event):
     cached_input_tokens: int = 0
     cost_usd: float | None = None
     source: UsageSource = "harness"
+    model: str | None = None
+    """Source ``gateway``: the model that served the request, as the API's answer names it
+    (left out of the data of other sources)."""
+
+    @model_serializer(mode="wrap")
+    def _model_only_when_known(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.model is None:
+            data.pop("model", None)
+        return data
 
 
 class Parked(_Event):

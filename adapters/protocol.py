@@ -150,6 +150,10 @@ class Capabilities:
     own channel; where false, the run's MCP endpoint asks before it makes the call."""
     attachments: AttachmentChannel = "files"
     structured_output: StructuredChannel = "prompt"
+    model_gateway: bool = True
+    """The harness's model requests can be sent through the worker's model gateway (its base
+    URL and key settings take a loopback URL and a stand-in): its model key never enters its
+    sandbox. Where false, a granted model key is refused (worker/gateway/turn.py)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +171,7 @@ class Capabilities:
             "mcp_ask": self.mcp_ask,
             "attachments": self.attachments,
             "structured_output": self.structured_output,
+            "model_gateway": self.model_gateway,
         }
 
 

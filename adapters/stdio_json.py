@@ -2,7 +2,9 @@
 "Writing a harness: the `stdio-json` protocol").
 
 The input goes on stdin, then stdin is closed. ``HARNESS_TURN`` and, when a session should
-be continued, ``HARNESS_RESUME_SESSION`` are set in the environment. When the run attached
+be continued, ``HARNESS_RESUME_SESSION`` are set in the environment;
+``HARNESS_MODEL_BASE_URL`` is where it sends model requests (the turn's model gateway, whose
+stand-in key it holds). When the run attached
 tools (``--tools``, ``--mcp``), ``HARNESS_MCP_CONFIG`` names a file in the common
 ``{"mcpServers": {NAME: {"command", "args", "env"}}}`` shape: each a stdio MCP server the
 harness launches with its own environment (which holds the run's credential).
@@ -75,6 +77,10 @@ def build_command(request: TurnRequest) -> Command:
         env["HARNESS_ATTACHMENTS"] = attachments_env(request)
     if request.resume_session:
         env["HARNESS_RESUME_SESSION"] = request.resume_session
+    if request.base_url:
+        # The model gateway's loopback URL (or the producer's --base-url where no model key
+        # is routed): where a harness sends model requests, with its granted key's stand-in.
+        env["HARNESS_MODEL_BASE_URL"] = request.base_url
     # No system-prompt channel in this protocol (capability system_prompt is false): the
     # worker puts a system prompt into the input before the request gets here.
     files = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 #: The image with the five real CLIs (built by ``scripts/build-images``) and the demo image.
 CLI_IMAGE = "harness-worker/clis:1"
 DEMO_IMAGE = "harness-worker/demo:1"
@@ -24,3 +26,24 @@ DEFAULT_GRANTS: dict[str, tuple[str, ...]] = {
     "pi": ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PI_API_KEY"),
     "stdio-json": ("DEMO_TOKEN",),
 }
+
+MODEL_KEYS: frozenset[str] = frozenset(
+    {
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "CLAUDE_CODE_OAUTH_TOKEN",
+        "OPENAI_API_KEY",
+        "CODEX_API_KEY",
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
+        "OPENCODE_API_KEY",
+        "PI_API_KEY",
+    }
+)
+"""The variables the five CLIs read their model key from (docs/adapters.md, "The model
+gateway"): granted, each becomes a stand-in."""
+
+
+def model_keys(extra: Iterable[str] = ()) -> frozenset[str]:
+    """The model keys: the five CLIs' own and the operator's (HARNESS_MODEL_KEYS)."""
+    return MODEL_KEYS | frozenset(extra)

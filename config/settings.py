@@ -109,6 +109,32 @@ class Settings(BaseSettings):
     """Network ``bridge``: private or host destinations its runs may still reach, as IPv4
     ``ADDRESS[/PREFIX][:PORT]`` (TCP): a model proxy on this host, say."""
 
+    # The model gateway (worker/gateway/): model keys stay in the worker
+    model_gateway: Literal["on", "off"] = "on"
+    """``on``: a granted model key (HARNESS_MODEL_KEYS) never enters a sandbox; the harness
+    holds a stand-in and its model requests go through the turn's gateway, which swaps it for
+    the key. ``off``: keys enter the sandbox as they are (each run records a warning)."""
+    model_keys: CommaList = ()
+    """Variable names that are model keys besides the five CLIs' own
+    (worker/gateway/upstreams.py)."""
+    model_upstreams: GrantMap = Field(default_factory=dict)
+    """Per harness, where its model requests go instead of the vendor's API:
+    ``HARNESS=URL,...`` (a company's LLM proxy, a self-hosted model). A producer's
+    ``--base-url`` (where HARNESS_ALLOWED_BASE_URLS allows it) comes first."""
+    model_request_max_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    """The largest model request body the gateway takes (a larger one is answered 413)."""
+    model_ca_file: str | None = None
+    """A PEM file of CAs the model gateway trusts for its upstreams besides the system's (a
+    company's LLM proxy with an internal CA). Names HARNESS_EGRESS_HOSTS pins are connected to
+    at their address by the gateway too."""
+    model_relay_port: int = Field(47311, gt=0, lt=65536)
+    """The loopback port, inside a run's container, on which the harness reaches its gateway."""
+    fallback_models: GrantMap = Field(default_factory=dict)
+    """Per harness, models the gateway asks in turn when the model asked for fails (5xx, 529):
+    ``harness=M1|M2;harness2=M3``. A producer's ``--fallback-model`` comes first."""
+    fallback_on_429: bool = False
+    """Also fall back when the model answers 429 (a rate limit): by default that parks the turn."""
+
     # Operator policy: what a producer may ask for ("*" allows anything)
     allowed_images: CommaList = ()
     """Images a producer may name besides the configured ones: ``IMAGE`` for any harness,
@@ -375,6 +401,7 @@ class Settings(BaseSettings):
         "webhook_schemes",
         "webhook_hosts",
         "shared_tool_sets",
+        "model_keys",
         mode="before",
     )
     @classmethod
@@ -426,10 +453,40 @@ class Settings(BaseSettings):
             return result
         return value
 
-    @field_validator("docker_url", mode="before")
+    @field_validator("docker_url", "model_ca_file", mode="before")
     @classmethod
     def _empty_is_default(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("model_upstreams", mode="before")
+    @classmethod
+    def _upstream_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            result: dict[str, tuple[str, ...]] = {}
+            for item in value.split(","):
+                if not item.strip():
+                    continue
+                name, sep, url = item.partition("=")
+                if not sep or not name.strip() or not url.strip():
+                    raise ValueError(f"expected harness=URL pairs, got {item.strip()!r}")
+                result[name.strip()] = (url.strip(),)
+            return result
+        return value
+
+    @field_validator("fallback_models", mode="before")
+    @classmethod
+    def _fallback_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            result: dict[str, tuple[str, ...]] = {}
+            for item in value.split(";"):
+                if not item.strip():
+                    continue
+                name, sep, models = item.partition("=")
+                if not sep or not name.strip():
+                    raise ValueError(f"expected harness=MODEL|MODEL pairs, got {item.strip()!r}")
+                result[name.strip()] = tuple(m.strip() for m in models.split("|") if m.strip())
+            return result
+        return value
 
     @field_validator("images", mode="before")
     @classmethod

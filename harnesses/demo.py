@@ -22,6 +22,10 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @garbage               a non-JSON line, a JSON array, and invalid UTF-8
   @stderr TEXT           a line on stderr
   @env NAME              print the named environment variable (to test secret isolation)
+  @model KEY MODEL TEXT  ask MODEL for TEXT through HARNESS_MODEL_BASE_URL (OpenAI Chat
+                         Completions, streamed) with the key in variable KEY: its answer as a
+                         text line and its usage as a usage line; an error line (terminal)
+                         with what the API answered when it refused
   @tool SERVER TOOL JSON call TOOL of the MCP server SERVER of HARNESS_MCP_CONFIG with the
                          JSON arguments (launching the server as a stdio MCP client does);
                          a text line "tool SERVER.TOOL ok|error: RESULT"
@@ -279,6 +283,53 @@ def _env(rest: str, args: list[str], raw: str) -> None:
     emit({"type": "text", "text": f"{args[0]}={os.environ.get(args[0], '<unset>')}"})
 
 
+def _model(rest: str, args: list[str], raw: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    base = os.environ.get("HARNESS_MODEL_BASE_URL", "")
+    body = {
+        "model": args[1],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": " ".join(args[2:]) or "hello"}],
+    }
+    request = urllib.request.Request(
+        base.rstrip("/") + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={
+            "content-type": "application/json",
+            "authorization": f"Bearer {os.environ.get(args[0], '')}",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text, usage = [], None
+            for line in response:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or []:
+                    text.append((choice.get("delta") or {}).get("content") or "")
+                usage = chunk.get("usage") or usage
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:500]
+        emit({"type": "error", "message": f"model API {exc.code}: {detail}"})
+        sys.exit(0)
+    except OSError as exc:
+        emit({"type": "error", "message": f"model API unreachable: {exc}"})
+        sys.exit(0)
+    emit({"type": "text", "text": "".join(text)})
+    if usage:
+        emit(
+            {
+                "type": "usage",
+                "input_tokens": usage.get("prompt_tokens", 0),
+                "output_tokens": usage.get("completion_tokens", 0),
+            }
+        )
+
+
 def mcp_session(server: str) -> tuple[subprocess.Popen[bytes], Callable[..., dict[str, Any]]]:
     """A stdio MCP client of ``server`` (HARNESS_MCP_CONFIG), initialized; its process and a
     request function (method, params) -> the response."""
@@ -432,6 +483,7 @@ DIRECTIVES: dict[str, Directive] = {
     "garbage": _garbage,
     "stderr": _stderr,
     "env": _env,
+    "model": _model,
     "tool": _tool,
     "tools": _tools,
     "run": _run,

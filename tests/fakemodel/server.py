@@ -84,6 +84,10 @@ class RecordedRequest:
     kind: str = "turn"
     """``turn`` (a model call), or a side call: ``count_tokens``, ``unknown``."""
     time: float = field(default_factory=time.time)
+    credentials: tuple[str, ...] = ()
+    """The key values the request carried, unredacted (``x-api-key``, ``x-goog-api-key``,
+    ``api-key``, ``Authorization: Bearer``, a ``key=`` query parameter): what a test of the
+    model gateway compares with the real key and its stand-in. Never in :meth:`as_dict`."""
 
     @property
     def conversation(self) -> Conversation | None:
@@ -191,6 +195,17 @@ def _mcp(conv: Conversation, model: str) -> Answer:
     return Answer(model, (TEXT_ANSWER,))
 
 
+def _credentials(headers: Any, query: dict[str, list[str]]) -> tuple[str, ...]:
+    found = []
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "authorization" and value.lower().startswith("bearer "):
+            found.append(value[7:].strip())
+        elif lowered in ("x-api-key", "x-goog-api-key", "api-key"):
+            found.append(value.strip())
+    return (*found, *query.get("key", []))
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HTTPServer
@@ -242,6 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
             body=body,
             api=api,
             kind=kind if kind in ("count_tokens", "unknown") else "turn",
+            credentials=_credentials(self.headers.items(), parse_qs(split.query)),
         )
         self.server.fake.record(record)
         try:
@@ -279,6 +295,13 @@ class _Handler(BaseHTTPRequestHandler):
         model = choice.answer_model or requested or "fake-model"
         record.answered_model = model
 
+        if requested is not None and requested in fake.failing_models:
+            record.status = 529
+            self._json(
+                529,
+                {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            )
+            return
         if kind == "count_tokens":
             record.status = 200
             key = "totalTokens" if api == "gemini" else "input_tokens"
@@ -430,6 +453,9 @@ class FakeModelServer:
         self.set_scenario(scenario)
         self.answer_model = answer_model
         self.slow_delay = slow_delay
+        self.failing_models: set[str] = set()
+        """Models answered 529 (overloaded) whatever the scenario: a model gateway's fallback
+        goes to the next model."""
         self.windows = Windows()
         """Open windows of ``[limited:...]`` markers (tests/fakemodel/limits.py)."""
         self._requested_port = port
@@ -514,6 +540,7 @@ class FakeModelServer:
         self.scenario = "text"
         self.answer_model = None
         self.slow_delay = DEFAULT_SLOW_DELAY_S
+        self.failing_models.clear()
 
 
 __all__ = ["ERROR_SCENARIOS", "FakeModelServer", "RecordedRequest", "sse"]

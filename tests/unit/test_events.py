@@ -110,6 +110,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "cached_input_tokens": INT,
         "cost_usd": OPT_NUMBER,
         "source": STRING,
+        "model": OPT_STRING,  # docs/events.md: source gateway only
     },
     "parked": {"resume_at": NUMBER, "reason": STRING, "next_turn": INT},
     "turn-complete": {
@@ -134,8 +135,8 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
 }
 
 CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
-    ("sandbox-activity", "kind"): {"command", "file", "tool", "network", "other"},
-    ("usage", "source"): {"harness", "replay"},
+    ("sandbox-activity", "kind"): {"command", "file", "tool", "network", "model", "other"},
+    ("usage", "source"): {"harness", "replay", "gateway"},
     ("permission-decision", "decision"): {"allow", "deny"},
     ("permission-decision", "scope"): {"once", "always"},
     ("session-error", "reason"): {

@@ -326,6 +326,14 @@ def _add_sandbox_options(run: argparse.ArgumentParser) -> None:
         "as the vendor's SDK writes it (ending in /v1 for OpenAI-style APIs)",
     )
     run.add_argument(
+        "--fallback-model",
+        metavar="MODEL",
+        action="append",
+        default=None,
+        help="when the model fails (5xx, 529), the model gateway asks this one instead "
+        "(repeatable: in turn); a sandbox-activity event says which model served",
+    )
+    run.add_argument(
         "--executable",
         metavar="PATH",
         help=f"the harness program (stdio-json only, and required there), {OPERATOR_BOUND}",
@@ -512,6 +520,7 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         network=args.network,
         resume_session=args.resume_session,
         base_url=args.base_url,
+        fallback_models=args.fallback_model,
         executable=args.executable,
         timeout_s=args.timeout,
         workspace=args.workspace,

@@ -132,7 +132,8 @@ class HarnessClient:
         """Create a run and enqueue its first turn; returns the run id.
 
         ``options`` are those of ``harness run``: model, system_prompt, posture, allow, deny,
-        grants, sandbox, image, network, resume_session, base_url, executable, timeout_s,
+        grants, sandbox, image, network, resume_session, base_url, fallback_models (the model
+        gateway's, in turn, when the model fails), executable, timeout_s,
         workspace, repo, ref, push_branch, max_cost_usd, max_tokens, max_turns, max_wall_s
         (the run's budget, within the operator's ceilings), on_limit (``park`` or ``fail``),
         producer, ``labels`` (``{KEY: VALUE}``: :meth:`list_runs` finds runs by them),
@@ -170,7 +171,7 @@ class HarnessClient:
         attached = self._load(options.pop("attachments", None))
         if archive is not None:
             options["archive"] = "0" * 64  # validated with the options; replaced below
-        for name in ("allow", "deny", "grants"):
+        for name in ("allow", "deny", "grants", "fallback_models"):
             value = options.get(name)
             if value is None:
                 continue

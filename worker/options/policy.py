@@ -14,6 +14,7 @@ from typing import Any
 import adapters
 from adapters.protocol import Capabilities, TurnRequest
 from config import Settings
+from config.harnesses import model_keys
 from sandbox.network import BridgeConfig, Destination, EgressConfig, Endpoint, base_url_endpoint
 from sandbox.store.seeding import SeedError, check_repo_url
 from worker.errors import InvalidInput
@@ -102,6 +103,9 @@ def resolve(options: RunOptions, settings: Settings) -> Resolved:
     warnings = capability_warnings(options)
     if sandbox == "docker" and network == "bridge" and not settings.bridge_isolation:
         warnings += (UNISOLATED_BRIDGE,)
+    keys = model_keys(settings.model_keys)
+    if settings.model_gateway == "off" and any(name in keys for name in options.grants):
+        warnings += (GATEWAY_OFF,)
     check_posture(options, settings)
     return Resolved(sandbox, image, network, timeout, executable, memory, cpus, pids, warnings)
 
@@ -129,6 +133,10 @@ def _sandbox_and_image(options: RunOptions, settings: Settings) -> tuple[str, st
     return sandbox, image
 
 
+GATEWAY_OFF = (
+    "model keys enter the sandbox as they are (HARNESS_MODEL_GATEWAY=off): any command the "
+    "agent runs can read them"
+)
 UNISOLATED_BRIDGE = (
     "network bridge is not isolated on this worker (HARNESS_BRIDGE_ISOLATION=false): the run "
     "shares Docker's default bridge and can reach other runs and this host's services"

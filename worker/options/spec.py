@@ -99,6 +99,8 @@ SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 of the tools' names each CLI shows its model."""
 MAX_SERVERS = 16
 """At most this many tool sets, and as many MCP servers, attached to one run."""
+MAX_FALLBACK_MODELS = 8
+"""At most this many ``--fallback-model`` names (each a request the gateway may send again)."""
 MAX_RULES = 100
 """At most this many ``--allow`` patterns, and as many ``--deny``."""
 BUDGET_MAXIMA: dict[str, int] = {
@@ -132,6 +134,9 @@ class RunOptions(BaseModel):
     network: Literal["none", "bridge", "host", "egress"] | None = None
     resume_session: str | None = None
     base_url: str | None = Field(None, max_length=2000)
+    fallback_models: tuple[str, ...] = ()
+    """Models the model gateway asks in turn when the model asked for fails (5xx, 529):
+    ``--fallback-model``, repeatable (before the operator's HARNESS_FALLBACK_MODELS)."""
     executable: str | None = Field(None, max_length=4096)
     timeout_s: float | None = Field(None, gt=0)
     memory: str | None = Field(None, pattern=r"^[0-9]{1,15}[bkmg]?$")
@@ -217,6 +222,16 @@ class RunOptions(BaseModel):
             not value.strip() or _CONTROL.search(value) or value.startswith("-")
         ):
             raise ValueError("must be a plain model name (it becomes an argv value)")
+        return value
+
+    @field_validator("fallback_models")
+    @classmethod
+    def _fallback_models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) > MAX_FALLBACK_MODELS:
+            raise ValueError(f"at most {MAX_FALLBACK_MODELS} fallback models")
+        for model in value:
+            if not model.strip() or len(model) > 200 or _CONTROL.search(model):
+                raise ValueError(f"invalid fallback model {shown(model)}: a plain model name")
         return value
 
     @field_validator("allow", "deny")

@@ -279,6 +279,8 @@ class Guard:
         if self.over is not None:
             return None
         if isinstance(event, Usage):
+            if event.source == "gateway":
+                return None  # the wire's count: the gateway holds its own (at_gateway)
             self._estimate = 0
         elif isinstance(event, AssistantText):
             self._estimate += math.ceil(len(event.text) / 4)
@@ -313,7 +315,7 @@ class Guard:
             kind = event.type
             if kind == "assistant-text":
                 estimate += (len(event.text) + 3) // 4  # type: ignore[union-attr]
-            elif kind == "usage":
+            elif kind == "usage" and event.source != "gateway":  # type: ignore[union-attr]
                 if tokens + estimate > room:
                     return False  # crossed by the last estimate before this report
                 estimate = 0
@@ -345,6 +347,26 @@ class Guard:
             cost = (before.cost_usd or 0.0) + turn.cost_usd
             if cost > self._cost:
                 return self._crossed(Over("max_cost_usd", float(self._cost), cost))
+        return None
+
+    def at_gateway(self, wire_tokens: int, turn: UsageTotals) -> SessionError | None:
+        """Whether the model gateway may send one more request of this turn: refused (the
+        budget error, and the turn stopped with it) once a token or cost limit is reached.
+        The turn's tokens are the larger of the wire's count (``wire_tokens``) and the
+        harness's; the cost is the harness's (the wire carries no prices)."""
+        if self.over is not None:
+            return self.over.error("at the model gateway")
+        before = self.before
+        if self._tokens is not None:
+            used = before.tokens + max(wire_tokens, turn.input_tokens + turn.output_tokens)
+            if used >= self._tokens:
+                self.over = Over("max_tokens", float(self._tokens), float(used))
+                return self.over.error("at the model gateway")
+        if self._cost is not None and (before.cost_usd is not None or turn.cost_usd is not None):
+            cost = (before.cost_usd or 0.0) + (turn.cost_usd or 0.0)
+            if cost >= self._cost:
+                self.over = Over("max_cost_usd", float(self._cost), cost)
+                return self.over.error("at the model gateway")
         return None
 
     def elapsed(self) -> float:

@@ -78,7 +78,17 @@ class RunRecord(BaseModel):
     output_tokens: int = 0
     cached_input_tokens: int = 0
     cost_usd: float | None = None
-    """None until a harness prices a turn."""
+    """None until a harness prices a turn. These four are what the harness reported (source
+    ``harness``, with ``replay`` estimates); the model gateway's own count is beside them."""
+    gateway_input_tokens: int = 0
+    """The run's tokens as the model APIs answered them at the model gateway (source
+    ``gateway``; worker/gateway/): input (cached reads included), output, cached, and the
+    model requests answered. A difference from the harness's is the harness's to explain."""
+    gateway_output_tokens: int = 0
+    gateway_cached_input_tokens: int = 0
+    gateway_requests: int = 0
+    model_served: str | None = None
+    """The model the API said served the run's last request through the gateway."""
     sandbox: str | None = None
     container_id: str | None = None
     queue: str | None = None
@@ -173,6 +183,11 @@ class RecordChanges(TypedDict, total=False):
     network: str | None
     egress_allow: list[str] | None
     slot_wait: dict[str, Any] | None
+    gateway_input_tokens: int
+    gateway_output_tokens: int
+    gateway_cached_input_tokens: int
+    gateway_requests: int
+    model_served: str | None
 
 
 def encode(fields: Mapping[str, Any]) -> dict[str, str]:

@@ -106,7 +106,7 @@ def serve(
         yield None
         return
     home = str(PurePosixPath(placement.home).relative_to(placement.workspace))
-    directory, displaced = _endpoint_directory(workspace, home)
+    directory, displaced = endpoint_directory(workspace, home)
     try:
         endpoint, servers = _open(
             deps, run_id, turn, options, placement, workspace, masker, directory, tenant
@@ -128,9 +128,10 @@ def serve(
         os.close(directory)
 
 
-def _endpoint_directory(workspace: Path, home: str) -> tuple[int, list[str]]:
+def endpoint_directory(workspace: Path, home: str) -> tuple[int, list[str]]:
     """The endpoint's directory in HOME, the worker's own, open and holding the bridge; what
-    was found at its name instead."""
+    was found at its name instead. The model gateway's socket and relay live there too
+    (worker/gateway/route.py)."""
     try:
         parent = safe_fs.open_dir(workspace, home)
     except UnsafePath as exc:

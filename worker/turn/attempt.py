@@ -17,7 +17,7 @@ from typing import Protocol
 from adapters.events import Event, Session, SessionError, TurnComplete, Usage, session_error
 from adapters.protocol import ExitInfo
 from adapters.stream import DEFAULT_MAX_LINE_BYTES, StreamDriver
-from sandbox.base import Process
+from sandbox.base import ExecSpec, Process
 from worker.permissions.requests import Gate
 from worker.spend.budgets import Guard, UsageTotals
 from worker.store.publisher import SCRIPT_BATCH, RedisStreamPublisher
@@ -54,6 +54,16 @@ class ToolEvents(Protocol):
     def drain(self) -> list[Event]: ...
 
 
+class WireEvents(Protocol):
+    """The turn's model route (:class:`worker.gateway.route.ModelRoute`)."""
+
+    halt: SessionError | None
+
+    def drain(self) -> list[Event]: ...
+
+    def wrap(self, spec: ExecSpec) -> ExecSpec: ...
+
+
 @dataclass
 class Outcome:
     terminal: Event
@@ -79,9 +89,23 @@ class Publishing:
         self.tools: ToolEvents | None = None
         """The turn's MCP endpoint while the harness runs (:mod:`worker.tools.endpoint`):
         the read loop publishes what it queued and holds the idle clock while a call waits."""
+        self.wire: WireEvents | None = None
+        """The turn's model route while the harness runs (:mod:`worker.gateway`): the read
+        loop publishes what it metered, and stops the harness with its halt (a rate limit
+        or a budget met at the gateway)."""
         self.on_session: Callable[[Session], None] | None = None
         """Told each ``session`` event once it is handed to the publisher (the run record
         keeps it from then on, not only from the turn's end)."""
+
+    def send_side_events(self) -> None:
+        """What the turn's MCP endpoint and model route queued; the route's halt."""
+        if self.tools is not None:
+            self.send(self.tools.drain())
+        wire = self.wire
+        if wire is not None:
+            self.send(wire.drain())
+            if wire.halt is not None and self.halt is None:
+                self.halt = wire.halt
 
     def send(self, events: list[Event]) -> None:
         guard = self.guard if self.halt is None else None
@@ -91,7 +115,8 @@ class Publishing:
         announced: list[Session] = []
         for event in events:
             if isinstance(event, Usage):
-                usage.add(event)
+                if event.source != "gateway":  # the wire's count is the route's, beside
+                    usage.add(event)
             elif isinstance(event, Session):
                 announced.append(event)
             if guard is not None and self.halt is None:
@@ -177,8 +202,7 @@ class _ReadLoop:
             self.stop = self.should_stop()
             if self.stop is None and gate is not None:
                 self.out.send(gate.poll())
-            if tools is not None:
-                self.out.send(tools.drain())
+            self.out.send_side_events()
         if self.stop is None:
             self.stop = self._timed_out(now)
         return self.stop is not None or self.process.eof
@@ -237,8 +261,7 @@ class _ReadLoop:
         out.send(events)
         if self.gate is not None:
             out.send(self.gate.collect())
-        if out.tools is not None:
-            out.send(out.tools.drain())
+        out.send_side_events()
         if out.halt is not None and not driver.done:
             self.stop = out.halt  # a budget crossed: stopped at once, as a cancel is
             return True

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import adapters
+import worker.gateway.turn as gateway_turn
 import worker.tools.turn as turn_tools
 from adapters.events import (
     TERMINAL_TYPES,
@@ -47,6 +48,8 @@ from sandbox.base import (
 from sandbox.network import egress_labels
 from worker.deps import Shutdown, TurnDeps
 from worker.errors import InvalidInput
+from worker.gateway.route import WireTotals
+from worker.gateway.standins import StandIns
 from worker.observe import harness_telemetry, logs, metrics, tracing
 from worker.observe.masking import Masker
 from worker.options.policy import (
@@ -160,7 +163,10 @@ def _run(
         sandbox, placement, work = prepared
         request = run.request(record, resolved, placement, secrets)
         try:
-            with run.serve_tools(request, placement, work) as request:
+            with (
+                run.serve_tools(request, placement, work) as request,
+                run.serve_models(request, placement, work, resolved) as request,
+            ):
                 terminal, driver = run.run_harness(request, sandbox, placement, secrets, resolved)
         except turn_tools.EndpointRefused as exc:  # raised before the harness starts
             return run.refuse(session_error(str(exc), "sandbox"))
@@ -205,6 +211,13 @@ class _TurnRun:
         self.work_began = 0.0
         self.schema = payload.output_schema or options.output_schema
         self.attachments: tuple[Attachment, ...] = ()
+        self.models = gateway_turn.Plan(None, {}, StandIns())
+        """The turn's model keys and their route (:mod:`worker.gateway`)."""
+        self.credential = ""
+        self.wire_halt: SessionError | None = None
+        """Why the model gateway stopped the turn (a rate limit, a quota, a budget)."""
+        self.wire: WireTotals | None = None
+        """What the model gateway counted this turn (None: the turn had no route)."""
         self.rewinds_pending = True
         """Whether rewinds may wait to be told after ``turn-started``: known once the turn
         has waited for any rewind under way (:meth:`prepare`); until then, they are looked
@@ -290,6 +303,7 @@ class _TurnRun:
             check_input(self.payload.input, settings)
             check_schema(self.schema, settings)
             secrets = resolve_secrets(self.options, settings)
+            self.models = gateway_turn.plan(self.options, settings, secrets)
         except InvalidInput as exc:
             return self.refuse(
                 session_error(str(exc), "invalid-input"),
@@ -303,10 +317,13 @@ class _TurnRun:
         self.guard = budgets.Guard(record, settings)
         if self.guard.active:
             self.out.guard = self.guard
-        secrets[CREDENTIAL_ENV] = self.life.issue_credential()
-        logs.mask(secrets)
-        self.out.publisher = self._publisher(Masker(secrets))
-        return resolved, secrets
+        secrets[CREDENTIAL_ENV] = self.credential = self.life.issue_credential()
+        # Masked wherever they appear: the real keys (which never enter the sandbox while the
+        # gateway routes them) and their stand-ins.
+        masked = [*secrets.values(), *self.models.standins.by_name.values()]
+        logs.mask({str(i): value for i, value in enumerate(masked)})
+        self.out.publisher = self._publisher(Masker(masked))
+        return resolved, self.models.sandbox_secrets(secrets)
 
     # -- prepare: the run's host, its workspace (seeded on turn 1), its sandbox ---------------
 
@@ -562,6 +579,42 @@ class _TurnRun:
                 held = self.wait(lambda: self.deps.store.record(self.run_id)).tool_calls
                 self.wait(lambda: self.deps.store.update(self.run_id, tool_calls=held + made))
 
+    # -- models: the turn's route through the model gateway (worker/gateway/) -----------------
+
+    @contextlib.contextmanager
+    def serve_models(
+        self,
+        request: TurnRequest,
+        placement: Placement,
+        work: workspace_steps.RunWorkspace,
+        resolved: Resolved,
+    ) -> Iterator[TurnRequest]:
+        """The request pointed at the turn's route, open while the block runs; what it
+        metered published after it, before the terminal."""
+        deps, guard, out = self.deps, self.guard, self.out
+        assert guard is not None
+        token = self.credential
+
+        def alive() -> bool:
+            return credentials.verify(deps.redis, deps.keys, self.run_id, token)
+
+        with gateway_turn.serve(
+            self.models, self.options, deps.settings, request, placement, work.path,
+            run_id=self.run_id, network=resolved.network, alive=alive,
+            over_budget=lambda wire: guard.at_gateway(wire.tokens, out.usage),
+        ) as routed:  # fmt: skip
+            if routed is None:
+                yield request
+                return
+            out.wire = routed.route
+            try:
+                yield routed.request
+            finally:
+                out.wire = None
+        out.send(routed.route.drain())
+        self.wire = routed.route.totals
+        self.wire_halt = routed.route.halt
+
     # -- finish: what the turn did, then its one terminal -----------------------------------
 
     def finish(
@@ -578,6 +631,7 @@ class _TurnRun:
         )  # fmt: skip
         assert self.guard is not None
         terminal = structured.check(terminal, self.schema)
+        terminal = _wire_verdict(terminal, self.wire_halt)
         if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
             # This worker is going away; the run keeps its container and host queue, and its
             # next turn waits for a worker there. The credential goes with this worker.
@@ -608,6 +662,8 @@ class _TurnRun:
             self._carry_attachments(work, parked.next_turn)
             out.send([parked.event])  # before the terminal: the turn's retry is scheduled
         spend = self.guard.changes()
+        if self.wire is not None:
+            spend.update(_wire_changes(record, self.wire, out.publisher.masker))
         if not out.sessions and driver.state.session_id:
             # A turn stopped before the harness published its session (a budget, a cancel, a
             # timeout; gemini names it only with its result): the id the harness announced is
@@ -648,6 +704,37 @@ def _record_turn(terminal: Event, out: attempt.Publishing, driver: StreamDriver)
         session_id=mask(session) if session else None,
         model=mask(model) if model else None,
     )
+
+
+def _wire_verdict(terminal: Event, halt: SessionError | None) -> Event:
+    """A turn that failed after the model gateway stopped it (the API's rate limit or quota,
+    with its retry-after; a budget spent at the gateway) fails for that, whatever the harness
+    made of the answer it got (an error of its own, most often). A cancel or a shutdown stays
+    what it was."""
+    if (
+        halt is None
+        or not isinstance(terminal, SessionError)
+        or terminal.reason in ("cancelled", "shutdown", halt.reason)
+    ):
+        return terminal
+    return halt.model_copy(
+        update={"exit_code": terminal.exit_code, "stderr_tail": terminal.stderr_tail}
+    )
+
+
+def _wire_changes(record: RunRecord, wire: WireTotals, masker: Masker) -> dict[str, Any]:
+    """The run's totals as the model gateway counted them, this turn's added (the record read
+    when the turn began holds the earlier turns': one turn of a run runs at a time)."""
+    changes: dict[str, Any] = {
+        "gateway_input_tokens": record.gateway_input_tokens + wire.input_tokens,
+        "gateway_output_tokens": record.gateway_output_tokens + wire.output_tokens,
+        "gateway_cached_input_tokens": record.gateway_cached_input_tokens
+        + wire.cached_input_tokens,
+        "gateway_requests": record.gateway_requests + wire.requests,
+    }
+    if wire.served_model:
+        changes["model_served"] = masker.mask(wire.served_model)
+    return changes
 
 
 def _count_budget(harness: str, guard: budgets.Guard, out: attempt.Publishing) -> None:
@@ -752,6 +839,8 @@ def _attempt(
         cwd=command.cwd,
         keep_stdin=command.keep_stdin,
     )
+    if out.wire is not None:
+        spec = out.wire.wrap(spec)
     refusal = may_start() if may_start is not None else None
     if refusal is not None:
         return _no_process(driver, refusal)
