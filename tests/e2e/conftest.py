@@ -423,6 +423,9 @@ def deployment(
         # Work in and out (tests/e2e/test_work_in_out.py): seeds from a git server on loopback.
         HARNESS_REPO_SCHEMES="http",
         HARNESS_REPO_HOSTS="127.0.0.1",
+        # The model gateway (on by default) reaches the fake model by its pinned name (the
+        # HARNESS_EGRESS_HOSTS above) and trusts its test CA, as a company's own LLM proxy.
+        HARNESS_MODEL_CA_FILE=str(test_ca.ca_pem),
     )
     client = docker.from_env()
     forbidden = ForbiddenServer()

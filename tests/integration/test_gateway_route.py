@@ -253,3 +253,13 @@ def test_a_streamed_answer_passes_through_as_it_arrives(fake: FakeModelServer) -
     # The first frames arrive long before the last: nothing waits for the body's end.
     assert len(arrivals) >= 3
     assert arrivals[0] < arrivals[-1] - 0.5
+
+
+def test_a_streamed_chat_completion_is_asked_for_its_usage(turn: Turn) -> None:
+    body = chat(stream=True)
+    del body["stream_options"]
+    assert turn.post("/chat/completions", body).status_code == 200
+    (request,) = turn.fake.model_requests()
+    assert request.body["stream_options"] == {"include_usage": True}
+    (usage,) = [e for e in turn.events() if isinstance(e, Usage)]
+    assert usage.output_tokens > 0

@@ -205,6 +205,16 @@ class ModelProxy:
         api = wire.api_of(path)
         parsed = _json_body(headers, body) if api is not None and wire.is_model_call(path) else None
         model = wire.requested_model(api, path, parsed) if api and parsed is not None else None
+        if api == "chat" and parsed is not None and _usage_unasked(parsed):
+            # A streamed chat completion says its usage only when asked: asked, so that the
+            # wire is metered (a client reads the extra last chunk, which has no choices).
+            options = parsed.get("stream_options")
+            parsed = {
+                **parsed,
+                "stream_options": {**(options if isinstance(options, dict) else {}),
+                                   "include_usage": True},
+            }  # fmt: skip
+            body, headers = orjson.dumps(parsed), _plain_json(headers)
         left = [m for m in self.policy.fallback_models if m != model] if model else []
         fallback_from: str | None = None
         while True:
@@ -253,6 +263,7 @@ class ModelProxy:
     ) -> None:
         lowered = {k.lower(): v for k, v in response.headers.items()}
         meter = wire.Meter(api, response.status_code, lowered, model)
+        metered = False
         out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in RESPONSE_DROPPED]
         try:
             writer.write(
@@ -269,6 +280,9 @@ class ModelProxy:
                 meter.feed(chunk)
                 writer.write(conn.send(h11.Data(data=chunk)) or b"")
                 await writer.drain()
+            # Counted before the harness has the end: what it does next sees the count.
+            metered = True
+            self.hooks.metered(meter.finish(), fallback_from)
             writer.write(conn.send(h11.EndOfMessage()) or b"")
             await writer.drain()
         except (httpx.HTTPError, h11.LocalProtocolError) as exc:
@@ -278,7 +292,8 @@ class ModelProxy:
             conn.send_failed()
         finally:
             await response.aclose()
-            self.hooks.metered(meter.finish(), fallback_from)
+            if not metered:
+                self.hooks.metered(meter.finish(), fallback_from)
 
     async def _refuse(
         self,
@@ -356,6 +371,12 @@ def _json_body(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any
     except (ValueError, OSError, zlib.error):
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+def _usage_unasked(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    asked = isinstance(options, dict) and options.get("include_usage") is True
+    return body.get("stream") is True and not asked
 
 
 def _plain_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
