@@ -102,7 +102,7 @@ def test_a_container_reaches_its_model_only_through_the_gateway_and_never_holds_
     client.end(run_id)
 
 
-def test_the_relays_port_taken_by_the_agent_is_said_not_hidden(
+def test_a_relay_port_squatted_by_an_earlier_turn_is_freed_for_the_next(
     env: Env, worker: WorkerProcess
 ) -> None:
     client = env.client()

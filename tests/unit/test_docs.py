@@ -31,6 +31,7 @@ NOT_SETTINGS = {
     "HARNESS_ATTACHMENTS": "adapters/stdio_json.py",
     "HARNESS_MCP_CONFIG": "adapters/stdio_json.py",  # the run's MCP servers (--tools, --mcp)
     "HARNESS_PI_MCP": "adapters/pi_mcp.py",
+    "HARNESS_MODEL_BASE_URL": "adapters/stdio_json.py",  # the turn's model gateway
 }
 """``HARNESS_*`` names the docs use that are not worker settings, and where each lives."""
 
