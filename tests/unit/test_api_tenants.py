@@ -112,6 +112,18 @@ def test_policy_narrows_never_widens() -> None:
     tenants.check_budget(limited, {"max_cost_usd": 1.5, "max_turns": 0})
 
 
+def test_a_tenants_fallback_models_fill_a_run_that_names_none() -> None:
+    settings = load_settings()
+    acme = _tenant(fallback_models={"codex": ("gpt-b", "gpt-c")})
+    assert tenants.apply_policy(acme, "codex", {}, settings)["fallback_models"] == [
+        "gpt-b",
+        "gpt-c",
+    ]
+    named = tenants.apply_policy(acme, "codex", {"fallback_models": ["gpt-x"]}, settings)
+    assert named["fallback_models"] == ["gpt-x"]  # the producer's own come first
+    assert "fallback_models" not in tenants.apply_policy(acme, "pi", {}, settings)
+
+
 def test_signature_matches_the_standard_webhooks_vector() -> None:
     # The example of the Standard Webhooks specification (and of svix's libraries).
     signature = sign(

@@ -61,6 +61,9 @@ class TenantPolicy(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     max_turns: int | None = Field(default=None, gt=0)
     max_wall_s: float | None = Field(default=None, gt=0)
+    fallback_models: dict[str, tuple[str, ...]] | None = None
+    """Per harness, the models the model gateway asks in turn when the model fails, for a run
+    of the tenant's that names none (``--fallback-model``); before the operator's."""
     key_slots: dict[str, int] | None = None
     """Per limited grant, the most of its key's slots the tenant's runs hold at once (the
     operator's HARNESS_KEY_SLOTS limit still bounds it)."""
@@ -271,6 +274,9 @@ def apply_policy(
     if policy.base_urls is not None and isinstance(base_url, str):
         check_base_url(base_url, policy.base_urls, f"tenant {tenant.name}'s policy base_urls")
     result = dict(options)
+    fallback = (policy.fallback_models or {}).get(harness)
+    if fallback and not options.get("fallback_models"):
+        result["fallback_models"] = list(fallback)
     if policy.key_slots:
         granted = set(options.get("grants") or ())
         caps = {grant: most for grant, most in policy.key_slots.items() if grant in granted}
