@@ -17,9 +17,10 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import adapters
-from adapters.events import SessionError
+from adapters.events import Event, SessionError
 from adapters.protocol import TurnRequest
 from config import Settings
 from config.harnesses import model_keys
@@ -29,7 +30,9 @@ from worker.gateway.proxy import Policy
 from worker.gateway.route import ModelRoute, WireTotals, relay_source
 from worker.gateway.standins import StandIns
 from worker.gateway.upstreams import Upstream, UpstreamError, upstream_for
+from worker.observe.masking import Masker
 from worker.options.spec import RunOptions
+from worker.store.records import RunRecord
 from worker.tools import turn as turn_tools
 
 
@@ -135,3 +138,34 @@ def serve(
         route.close()
         if directory is not None:
             os.close(directory)
+
+
+def verdict(terminal: Event, halt: SessionError | None) -> Event:
+    """A turn that failed after the model gateway stopped it (the API's rate limit or quota,
+    with its retry-after; a budget spent at the gateway) fails for that, whatever the harness
+    made of the answer it got (an error of its own, most often). A cancel or a shutdown stays
+    what it was."""
+    if (
+        halt is None
+        or not isinstance(terminal, SessionError)
+        or terminal.reason in ("cancelled", "shutdown", halt.reason)
+    ):
+        return terminal
+    return halt.model_copy(
+        update={"exit_code": terminal.exit_code, "stderr_tail": terminal.stderr_tail}
+    )
+
+
+def record_changes(record: RunRecord, wire: WireTotals, masker: Masker) -> dict[str, Any]:
+    """The run's totals as the model gateway counted them, this turn's added (the record read
+    when the turn began holds the earlier turns': one turn of a run runs at a time)."""
+    changes: dict[str, Any] = {
+        "gateway_input_tokens": record.gateway_input_tokens + wire.input_tokens,
+        "gateway_output_tokens": record.gateway_output_tokens + wire.output_tokens,
+        "gateway_cached_input_tokens": record.gateway_cached_input_tokens
+        + wire.cached_input_tokens,
+        "gateway_requests": record.gateway_requests + wire.requests,
+    }
+    if wire.served_model:
+        changes["model_served"] = masker.mask(wire.served_model)
+    return changes

@@ -631,7 +631,7 @@ class _TurnRun:
         )  # fmt: skip
         assert self.guard is not None
         terminal = structured.check(terminal, self.schema)
-        terminal = _wire_verdict(terminal, self.wire_halt)
+        terminal = gateway_turn.verdict(terminal, self.wire_halt)
         if isinstance(terminal, SessionError) and terminal.reason == "shutdown":
             # This worker is going away; the run keeps its container and host queue, and its
             # next turn waits for a worker there. The credential goes with this worker.
@@ -663,7 +663,7 @@ class _TurnRun:
             out.send([parked.event])  # before the terminal: the turn's retry is scheduled
         spend = self.guard.changes()
         if self.wire is not None:
-            spend.update(_wire_changes(record, self.wire, out.publisher.masker))
+            spend.update(gateway_turn.record_changes(record, self.wire, out.publisher.masker))
         if not out.sessions and driver.state.session_id:
             # A turn stopped before the harness published its session (a budget, a cancel, a
             # timeout; gemini names it only with its result): the id the harness announced is
@@ -704,37 +704,6 @@ def _record_turn(terminal: Event, out: attempt.Publishing, driver: StreamDriver)
         session_id=mask(session) if session else None,
         model=mask(model) if model else None,
     )
-
-
-def _wire_verdict(terminal: Event, halt: SessionError | None) -> Event:
-    """A turn that failed after the model gateway stopped it (the API's rate limit or quota,
-    with its retry-after; a budget spent at the gateway) fails for that, whatever the harness
-    made of the answer it got (an error of its own, most often). A cancel or a shutdown stays
-    what it was."""
-    if (
-        halt is None
-        or not isinstance(terminal, SessionError)
-        or terminal.reason in ("cancelled", "shutdown", halt.reason)
-    ):
-        return terminal
-    return halt.model_copy(
-        update={"exit_code": terminal.exit_code, "stderr_tail": terminal.stderr_tail}
-    )
-
-
-def _wire_changes(record: RunRecord, wire: WireTotals, masker: Masker) -> dict[str, Any]:
-    """The run's totals as the model gateway counted them, this turn's added (the record read
-    when the turn began holds the earlier turns': one turn of a run runs at a time)."""
-    changes: dict[str, Any] = {
-        "gateway_input_tokens": record.gateway_input_tokens + wire.input_tokens,
-        "gateway_output_tokens": record.gateway_output_tokens + wire.output_tokens,
-        "gateway_cached_input_tokens": record.gateway_cached_input_tokens
-        + wire.cached_input_tokens,
-        "gateway_requests": record.gateway_requests + wire.requests,
-    }
-    if wire.served_model:
-        changes["model_served"] = masker.mask(wire.served_model)
-    return changes
 
 
 def _count_budget(harness: str, guard: budgets.Guard, out: attempt.Publishing) -> None:
