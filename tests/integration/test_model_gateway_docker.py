@@ -1,6 +1,7 @@
 """The model gateway for a harness in a Docker container: a real worker process, the demo
 harness asking the fake model server (on this host's loopback, which no run can reach) through
-the relay on the container's own loopback, under network ``none`` and ``bridge``.
+the relay on the container's own loopback, under network ``none``, ``bridge`` and ``egress``
+(whose egress gateway never sees the model's traffic).
 
 The real key is nowhere the run can see: not in the container's environment (``docker
 inspect``), any process's ``/proc/*/environ``, any file of the container or its workspace, the
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import docker
 import pytest
 
+from sandbox.docker.gateway import remove_stale
 from tests.fakemodel import FakeModelServer
 from tests.integration.conftest import Env, WorkerProcess, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
@@ -30,13 +32,21 @@ def fake() -> Iterator[FakeModelServer]:
         yield server
 
 
+EGRESS_SUBNET = "172.30.236.0/24"
+"""This module's egress network (the e2e suite's are 172.30.210-213.0/24)."""
+
+
 @pytest.fixture
 def worker(env: Env, fake: FakeModelServer) -> Iterator[WorkerProcess]:
     require_docker()
-    ensure_images(["demo"])
+    ensure_images(["demo", "gateway"])
+    client = docker.from_env()
+    remove_stale(client, EGRESS_SUBNET)
     env.vars.update(
         HARNESS_SANDBOX="docker",
         HARNESS_NETWORK="none",
+        HARNESS_ALLOWED_NETWORKS="none,bridge,egress",
+        HARNESS_EGRESS_SUBNET=EGRESS_SUBNET,
         HARNESS_ALLOWED_EXECUTABLES="harness-demo",
         HARNESS_GRANTS="stdio-json=OPENAI_API_KEY",
         HARNESS_MODEL_UPSTREAMS=f"stdio-json={fake.url}/v1",
@@ -45,6 +55,7 @@ def worker(env: Env, fake: FakeModelServer) -> Iterator[WorkerProcess]:
     started = start_worker(env)
     yield started
     started.stop()
+    remove_stale(client, EGRESS_SUBNET)
 
 
 def key_in_container(container: object) -> list[str]:
@@ -59,7 +70,7 @@ def key_in_container(container: object) -> list[str]:
     return out.decode().split()
 
 
-@pytest.mark.parametrize("network", ["none", "bridge"])
+@pytest.mark.parametrize("network", ["none", "bridge", "egress"])
 def test_a_container_reaches_its_model_only_through_the_gateway_and_never_holds_the_key(
     env: Env, worker: WorkerProcess, fake: FakeModelServer, network: str
 ) -> None:
