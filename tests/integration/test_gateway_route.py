@@ -222,6 +222,20 @@ def test_a_failing_model_falls_back_to_the_next_and_says_which_served(
     assert [e.model for e in turn.seen if isinstance(e, Usage)] == ["secondary", "secondary"]
 
 
+def test_an_overloaded_model_with_no_fallback_left_halts_the_turn_rate_limited(
+    fake: FakeModelServer,
+) -> None:
+    fake.failing_models = {"primary", "secondary"}
+    turn = open_turn(fake, fallback_models=("secondary",))
+    try:
+        assert turn.post("/chat/completions", chat(model="primary")).status_code == 529
+    finally:
+        turn.route.close()
+    assert [r.requested_model for r in fake.model_requests()] == ["primary", "secondary"]
+    halt = turn.route.halt
+    assert halt is not None and halt.reason == "rate-limited" and halt.retryable
+
+
 def test_a_429_is_not_a_fallback_unless_asked(fake: FakeModelServer) -> None:
     fake.set_scenario("http-429")
     turn = open_turn(fake, fallback_models=("secondary",))

@@ -276,13 +276,21 @@ class ModelProxy:
                 )
                 or b""
             )
+            # Counted before the harness has the end (the last byte of a body of known length,
+            # or the chunked terminator): what the turn does next sees the count.
+            left = _length(response)
             async for chunk in response.aiter_raw():
                 meter.feed(chunk)
+                if left is not None:
+                    left -= len(chunk)
+                    if left <= 0 and not metered:
+                        metered = True
+                        self.hooks.metered(meter.finish(), fallback_from)
                 writer.write(conn.send(h11.Data(data=chunk)) or b"")
                 await writer.drain()
-            # Counted before the harness has the end: what it does next sees the count.
-            metered = True
-            self.hooks.metered(meter.finish(), fallback_from)
+            if not metered:
+                metered = True
+                self.hooks.metered(meter.finish(), fallback_from)
             writer.write(conn.send(h11.EndOfMessage()) or b"")
             await writer.drain()
         except (httpx.HTTPError, h11.LocalProtocolError) as exc:
@@ -371,6 +379,11 @@ def _json_body(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any
     except (ValueError, OSError, zlib.error):
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+def _length(response: httpx.Response) -> int | None:
+    value = response.headers.get("content-length", "")
+    return int(value) if value.isdigit() else None
 
 
 def _usage_unasked(body: dict[str, Any]) -> bool:

@@ -279,11 +279,13 @@ class ModelRoute:
                     )
                 )
             return
-        if exchange.limit in ("rate-limited", "quota") and self.halt is None:
+        if exchange.limit is not None and self.halt is None:
+            # Overloaded (529) with no fallback left is a rate limit of the API's making.
+            reason = "quota" if exchange.limit == "quota" else "rate-limited"
             what = exchange.error or f"status {exchange.status}"
             self.halt = session_error(
                 f"the model API answered {exchange.status}: {what}",
-                exchange.limit,
+                reason,
                 retryable=True,
                 retry_after_s=exchange.retry_after_s,
             )
