@@ -37,6 +37,7 @@ ROWS = {
     "11": "bench.row11_tracing",
     "12": "bench.row12_api",
     "13": "bench.row13_tools",
+    "14": "bench.row14_model_gateway",
 }
 
 
