@@ -150,7 +150,9 @@ class ModelRoute:
 
     def open_loopback(self) -> None:
         """Serve on an ephemeral port of this host's loopback."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on such sockets, and a response's
+        # body written after its head would otherwise wait ~40 ms for a delayed ACK.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))
         self.port = int(listener.getsockname()[1])
