@@ -1,4 +1,4 @@
-"""The five real CLIs with network ``egress``: the model over HTTPS through the gateway, and a
+"""The five real CLIs with network ``egress``: the model over HTTPS through the model gateway (not the egress proxy), and a
 tool call that tries a server the run may not reach (by name, by raw IP through the proxy, by
 raw IP directly, DNS to another resolver). Each attempt fails at once and is reported in the
 stream as a ``network`` activity; the turn still ends with exactly one terminal event, and the
@@ -20,6 +20,7 @@ from tests.e2e.conftest import (
     Harness,
     nonce,
 )
+from tests.fakemodel.clis import FAKE_KEY
 from tests.fakemodel.scenarios import FORBIDDEN_DONE
 from tests.helpers import assert_one_terminal
 
@@ -69,7 +70,10 @@ def test_egress_turn_reaches_the_model_over_tls_and_nothing_else(
     # Every attempt failed fast: the whole turn (two model calls, four attempts) is quick.
     assert elapsed < 60, followed.describe()
 
-    # The model traffic went through the proxy: a tunnel from this run's address.
+    # The model traffic went through the model gateway (the relay on the container's own
+    # loopback, the key swapped in the worker), not the egress proxy: no tunnel from this run's
+    # address to the model, and every model call carried the real key.
+    assert all(set(c.credentials) == {FAKE_KEY} for c in calls), [c.credentials for c in calls]
     address = e2e.container(followed.run_id).attrs["NetworkSettings"]["Networks"]
     (inside,) = [n["IPAddress"] for name, n in address.items() if name.startswith("harness-egress")]
     gateway = e2e.docker.containers.get(f"harness-egress-gateway-{e2e.env.prefix}")
@@ -78,7 +82,7 @@ def test_egress_turn_reaches_the_model_over_tls_and_nothing_else(
         for line in gateway.logs(stderr=False).decode().splitlines()
         if f" {inside} CONNECT {MODEL_NAME}:{e2e.fake.port} " in line and "TCP_TUNNEL" in line
     ]
-    assert tunnels, gateway.logs(tail=30).decode()
+    assert tunnels == [], tunnels
     print(f"\n{harness.id}: {followed.describe()}")  # the closing note's evidence (-s)
 
     status = e2e.client.status(followed.run_id)

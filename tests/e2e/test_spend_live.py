@@ -1,14 +1,16 @@
 """Spend under control, live: the five real CLIs in their container, through a real worker.
 
 The fake model server refuses a run's first calls (``[limited:SCENARIO:CALLS:KEY]``,
-tests/fakemodel/limits.py), announcing a reset of 1 second or none. Several CLIs retry a limit
-themselves before they give up (the calls each makes are in :data:`ATTEMPTS`); a limit that
-outlasts them reaches the worker. A rate limit parks the run (for the reset, or a backoff when
-the CLI reports none); at the reset the worker sends the turn again, the CLI resumes its
-session and the run completes (``harness run --follow`` follows it through). A quota parks
-the run only when the CLI reports its reset (:data:`QUOTA_RESET_REPORTED`); otherwise it is
-a spend cap and is not retried. A budget of a few tokens stops a CLI's turn midway with
-reason ``budget``; once raised, the next turn resumes the session.
+tests/fakemodel/limits.py), announcing a reset of 1 second or none. Every model call goes
+through the model gateway, which reads the limit and its reset off the wire: the first refused
+call stops the turn, whatever the CLI would have made of it (several CLIs retried a limit for
+minutes before they gave up, and some lost the reset on the way), and the CLI's own retries go
+no further than the gateway. A rate limit parks the run (for the reset, or a backoff when the
+API announced none); at the reset the worker sends the turn again, the CLI resumes its session
+and the run completes (``harness run --follow`` follows it through). A quota with a reset
+parks the run too; one without is a spend cap and is not retried. A budget of a few tokens
+stops a CLI's turn midway with reason ``budget``; once raised, the next turn resumes the
+session.
 """
 
 from __future__ import annotations
@@ -45,21 +47,14 @@ pytestmark = [
 
 ALL = pytest.mark.parametrize("harness", list(HARNESSES.values()), ids=list(HARNESSES))
 
-ATTEMPTS = {"claude-code": 1, "codex": 6, "gemini": 3, "opencode": 9, "pi": 12}
-"""Model calls each CLI makes on a limit announcing a reset before it gives up (claude-code
-with CLAUDE_CODE_MAX_RETRIES=0, gemini with the adapter's maxAttempts 3, the others by
-default), as the pinned versions do against the fake server."""
-NO_RESET_ATTEMPTS = {"claude-code": 1, "codex": 1, "pi": 12}
-"""The same for a rate limit announcing no reset (codex then does not retry at all). Not
-here: gemini (3 calls over 130 s, then it reports a reset of 60 s of its own) and opencode
-(9 calls over 77 s): each would cost minutes to say what the recorded fixtures already do."""
-QUOTA_RESET_REPORTED = frozenset({"opencode", "pi"})
-"""CLIs whose quota error keeps the API's reset time: claude-code says "Credit balance is too
-low", codex "Quota exceeded. Check your plan and billing details.", gemini "You have exhausted
-your daily quota", and nothing of when."""
-RATE_RESET_REPORTED = frozenset({"claude-code", "gemini", "opencode", "pi"})
-"""CLIs whose rate-limit error keeps the reset (codex 0.169.0 says "exceeded retry limit,
-last status: 429 Too Many Requests": the run parks for a backoff instead)."""
+ATTEMPTS = dict.fromkeys(HARNESSES, 1)
+"""Model calls a limit refuses before it reaches the worker: one, for every CLI (the gateway
+stops the turn at the first; without it, the pinned CLIs made 1 to 12 calls over up to two
+minutes, and codex, claude-code and gemini reported no reset of a quota)."""
+NO_RESET_ATTEMPTS = ATTEMPTS
+QUOTA_RESET_REPORTED = frozenset(HARNESSES)
+"""The API's reset reaches the worker from the wire, whatever the CLI says of it."""
+RATE_RESET_REPORTED = frozenset(HARNESSES)
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +190,9 @@ def test_a_quota_with_a_reset_parks_when_the_cli_reports_it_else_is_not_retried(
     check_not_retried(e2e, followed)
 
 
-SPEND_CAP = [h for h in HARNESSES if h != "opencode"]
-"""opencode retries a quota as a rate limit, 9 calls over 77 s, before it gives up."""
+SPEND_CAP = list(HARNESSES)
+"""opencode retried a quota as a rate limit, 9 calls over 77 s: the gateway stops it at the
+first."""
 
 
 @pytest.mark.parametrize("harness", [HARNESSES[h] for h in SPEND_CAP], ids=SPEND_CAP)

@@ -198,6 +198,10 @@ def test_a_rate_limit_halts_the_turn_with_the_upstreams_retry_after(turn: Turn) 
     assert answer.status_code == 429  # the harness sees what the API said
     halt = turn.route.halt
     assert halt is not None and halt.reason == "rate-limited" and halt.retry_after_s == 7
+    # The harness's own retry goes no further: the turn is being stopped.
+    again = turn.post("/chat/completions", chat())
+    assert again.status_code == 429 and "the turn is stopped" in again.text
+    assert len(turn.fake.model_requests()) == 1
 
 
 def test_a_failing_model_falls_back_to_the_next_and_says_which_served(

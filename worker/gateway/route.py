@@ -230,8 +230,12 @@ class ModelRoute:
             return Refusal(
                 401, "credential_revoked", "harness-worker model gateway: the run has ended"
             )
-        if self.halt is not None and self.halt.reason == "budget":
-            return Refusal(400, "budget_exceeded", f"harness-worker: {self.halt.error}")
+        halt = self.halt
+        if halt is not None:
+            # The turn is being stopped: a CLI's own retry goes no further than the gateway.
+            if halt.reason == "budget":
+                return Refusal(400, "budget_exceeded", f"harness-worker: {halt.error}")
+            return Refusal(429, halt.reason, f"harness-worker: the turn is stopped: {halt.error}")
         over = self._over_budget(self.totals)
         if over is not None:
             self.halt = over
@@ -288,7 +292,9 @@ class ModelRoute:
             self.halt = session_error(
                 f"the model API answered {exchange.status}: {what}",
                 reason,
-                retryable=True,
+                # A quota that names no reset is a spend cap: sending the turn again would
+                # meet it again.
+                retryable=reason == "rate-limited" or exchange.retry_after_s is not None,
                 retry_after_s=exchange.retry_after_s,
             )
 

@@ -148,9 +148,13 @@ def verdict(terminal: Event, halt: SessionError | None) -> Event:
     if (
         halt is None
         or not isinstance(terminal, SessionError)
-        or terminal.reason in ("cancelled", "shutdown", halt.reason)
+        or terminal.reason in ("cancelled", "shutdown")
     ):
         return terminal
+    if terminal.reason == halt.reason and (
+        halt.reason == "budget" or terminal.retry_after_s is not None
+    ):
+        return terminal  # the harness said as much, its reset included
     return halt.model_copy(
         update={"exit_code": terminal.exit_code, "stderr_tail": terminal.stderr_tail}
     )

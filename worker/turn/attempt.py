@@ -54,6 +54,11 @@ class ToolEvents(Protocol):
     def drain(self) -> list[Event]: ...
 
 
+BUDGET_GRACE_S = 10.0
+"""How long a harness whose model request the gateway refused for a spent budget has to end
+its turn itself before it is stopped."""
+
+
 class WireEvents(Protocol):
     """The turn's model route (:class:`worker.gateway.route.ModelRoute`)."""
 
@@ -89,6 +94,7 @@ class Publishing:
         self.tools: ToolEvents | None = None
         """The turn's MCP endpoint while the harness runs (:mod:`worker.tools.endpoint`):
         the read loop publishes what it queued and holds the idle clock while a call waits."""
+        self._wire_halt_at = 0.0
         self.wire: WireEvents | None = None
         """The turn's model route while the harness runs (:mod:`worker.gateway`): the read
         loop publishes what it metered, and stops the harness with its halt (a rate limit
@@ -98,14 +104,21 @@ class Publishing:
         keeps it from then on, not only from the turn's end)."""
 
     def send_side_events(self) -> None:
-        """What the turn's MCP endpoint and model route queued; the route's halt."""
+        """What the turn's MCP endpoint and model route queued; the route's halt: a rate
+        limit or a quota stops the harness at once, a budget the gateway refused after
+        :data:`BUDGET_GRACE_S`, so that a harness told why ends its turn itself (naming its
+        session, which the next turn resumes once the budget is raised)."""
         if self.tools is not None:
             self.send(self.tools.drain())
         wire = self.wire
         if wire is not None:
             self.send(wire.drain())
-            if wire.halt is not None and self.halt is None:
-                self.halt = wire.halt
+            halt = wire.halt
+            if halt is not None and self.halt is None:
+                now = time.monotonic()
+                self._wire_halt_at = self._wire_halt_at or now
+                if halt.reason != "budget" or now - self._wire_halt_at >= BUDGET_GRACE_S:
+                    self.halt = halt
 
     def send(self, events: list[Event]) -> None:
         guard = self.guard if self.halt is None else None
