@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 
-from adapters.events import Event, SandboxActivity, SessionError, Usage, session_error
+from adapters.events import ErrorReason, Event, SandboxActivity, SessionError, Usage, session_error
 from sandbox.base import ExecSpec
 from sandbox.store import safe_fs
 from worker.gateway import wire
@@ -287,7 +287,7 @@ class ModelRoute:
             return
         if exchange.limit is not None and self.halt is None:
             # Overloaded (529) with no fallback left is a rate limit of the API's making.
-            reason = "quota" if exchange.limit == "quota" else "rate-limited"
+            reason: ErrorReason = "quota" if exchange.limit == "quota" else "rate-limited"
             what = exchange.error or f"status {exchange.status}"
             self.halt = session_error(
                 f"the model API answered {exchange.status}: {what}",
