@@ -26,9 +26,9 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar
 
 import httpx
 
@@ -38,26 +38,26 @@ from sandbox.store import safe_fs
 from worker.gateway import wire
 from worker.gateway.proxy import ModelProxy, Policy, Refusal
 from worker.gateway.upstream_client import upstream_client
+from worker.tools.endpoint import EndpointLoop
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 SOCKET = "model.sock"
 RELAY = "model-relay.py"
 ALIVE_CHECK_S = 1.0
 
 
-class GatewayLoop:
-    """The worker process's asyncio loop for every turn's route, on a daemon thread, with the
-    httpx clients its upstream connections are pooled in (one per operator settings)."""
+class GatewayLoop(EndpointLoop):
+    """The worker process's asyncio loop for every turn's route (as the MCP endpoints have
+    theirs), with the httpx clients its upstream connections are pooled in (one per operator
+    settings)."""
 
-    _shared: ClassVar[GatewayLoop | None] = None
+    NAME: ClassVar[str] = "model-gateway"
+    _shared: ClassVar[EndpointLoop | None] = None
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="model-gateway", daemon=True)
-        self.thread.start()
+        super().__init__()
         self._clients: dict[tuple[frozenset[tuple[str, str]], str | None], httpx.AsyncClient] = {}
         self._lock = threading.Lock()
 
@@ -67,26 +67,11 @@ class GatewayLoop:
             found = self._clients.get(key)
             if found is None:
                 found = self._clients[key] = self.call(self._make(pins, ca_file))
-            assert found is not None
             return found
 
     @staticmethod
     async def _make(pins: Mapping[str, str], ca_file: str | None) -> httpx.AsyncClient:
         return upstream_client(pins, ca_file)
-
-    @classmethod
-    def shared(cls) -> GatewayLoop:
-        with cls._shared_lock:
-            if cls._shared is None or not cls._shared.thread.is_alive():
-                cls._shared = GatewayLoop()
-            return cls._shared
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
 
 @dataclass

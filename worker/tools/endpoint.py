@@ -33,10 +33,10 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -53,6 +53,7 @@ from worker.permissions.requests import shown_input
 from worker.tools.backend import Backend, BackendError, Reply
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HANDSHAKE_LIMIT = 4096
 """The first line of a connection is at most this long (a token and a server name)."""
@@ -102,28 +103,31 @@ class Asker(Protocol):
 
 
 class EndpointLoop:
-    """The worker process's asyncio loop for every run endpoint, on a daemon thread."""
+    """The worker process's asyncio loop for every run endpoint, on a daemon thread (one per
+    subclass: the model gateway's is :class:`worker.gateway.route.GatewayLoop`)."""
 
+    NAME: ClassVar[str] = "mcp-endpoint"
     _shared: ClassVar[EndpointLoop | None] = None
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="mcp-endpoint", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=self.NAME, daemon=True)
         self.thread.start()
 
     @classmethod
-    def shared(cls) -> EndpointLoop:
+    def shared(cls) -> Self:
         with cls._shared_lock:
-            if cls._shared is None or not cls._shared.thread.is_alive():
-                cls._shared = EndpointLoop()
-            return cls._shared
+            found = cls._shared
+            if not isinstance(found, cls) or not found.thread.is_alive():
+                found = cls._shared = cls()
+            return found
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def call(self, coroutine: Any, timeout: float = 30.0) -> Any:
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
 
