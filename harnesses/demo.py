@@ -26,6 +26,7 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
                          Completions, streamed) with the key in variable KEY: its answer as a
                          text line and its usage as a usage line; an error line (terminal)
                          with what the API answered when it refused
+  @try-model KEY MODEL TEXT  the same, but a refusal is a text line and the script goes on
   @tool SERVER TOOL JSON call TOOL of the MCP server SERVER of HARNESS_MCP_CONFIG with the
                          JSON arguments (launching the server as a stdio MCP client does);
                          a text line "tool SERVER.TOOL ok|error: RESULT"
@@ -284,6 +285,14 @@ def _env(rest: str, args: list[str], raw: str) -> None:
 
 
 def _model(rest: str, args: list[str], raw: str) -> None:
+    _ask_model(args, tolerate=False)
+
+
+def _try_model(rest: str, args: list[str], raw: str) -> None:
+    _ask_model(args, tolerate=True)
+
+
+def _ask_model(args: list[str], *, tolerate: bool) -> None:
     import urllib.error
     import urllib.request
 
@@ -314,6 +323,9 @@ def _model(rest: str, args: list[str], raw: str) -> None:
                 usage = chunk.get("usage") or usage
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")[:500]
+        if tolerate:
+            emit({"type": "text", "text": f"model API {exc.code}: {detail}"})
+            return
         emit({"type": "error", "message": f"model API {exc.code}: {detail}"})
         sys.exit(0)
     except OSError as exc:
@@ -484,6 +496,7 @@ DIRECTIVES: dict[str, Directive] = {
     "stderr": _stderr,
     "env": _env,
     "model": _model,
+    "try-model": _try_model,
     "tool": _tool,
     "tools": _tools,
     "run": _run,

@@ -208,3 +208,18 @@ def test_with_the_gateway_off_the_key_is_handed_over_and_the_run_warned(
         assert execute_turn(deps, TurnPayload(run_id=run_id, turn=1, input=script)) == "completed"
         (held,) = tmp_path.glob("**/held-env")
         assert held_key(held) == REAL
+
+
+def test_a_harness_that_calls_its_turn_complete_after_a_budget_refusal_ends_budget(
+    world: World,
+) -> None:
+    run_id = world.run(max_tokens=150)
+    # The second request is refused (400); the harness answers on its own and says complete.
+    script = f"{ASK}\n@try-model OPENAI_API_KEY fake-model again\n@complete done anyway"
+    assert world.turn(run_id, script) == "failed:budget"
+    events = world.events(run_id)
+    texts = [d["text"] for k, d in events if k == "assistant-text"]
+    assert any(t.startswith("model API 400") for t in texts), texts
+    kind, terminal = events[-1]
+    assert kind == "session-error" and terminal["reason"] == "budget", terminal
+    assert world.deps.store.record(run_id).session_id  # the next turn resumes it

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import adapters
-from adapters.events import Event, SessionError
+from adapters.events import Event, SessionError, TurnComplete
 from adapters.protocol import TurnRequest
 from config import Settings
 from config.harnesses import model_keys
@@ -143,13 +143,14 @@ def serve(
 def verdict(terminal: Event, halt: SessionError | None) -> Event:
     """A turn that failed after the model gateway stopped it (the API's rate limit or quota,
     with its retry-after; a budget spent at the gateway) fails for that, whatever the harness
-    made of the answer it got (an error of its own, most often). A cancel or a shutdown stays
-    what it was."""
-    if (
-        halt is None
-        or not isinstance(terminal, SessionError)
-        or terminal.reason in ("cancelled", "shutdown")
-    ):
+    made of the answer it got (an error of its own, most often). A turn the gateway refused a
+    model request for its budget ends ``budget`` even when the harness called it complete (it
+    answered without the model's help). A cancel or a shutdown stays what it was."""
+    if halt is None:
+        return terminal
+    if isinstance(terminal, TurnComplete) and halt.reason == "budget":
+        return halt.model_copy(update={"exit_code": terminal.exit_code})
+    if not isinstance(terminal, SessionError) or terminal.reason in ("cancelled", "shutdown"):
         return terminal
     if terminal.reason == halt.reason and (
         halt.reason == "budget" or terminal.retry_after_s is not None
