@@ -251,7 +251,7 @@ async def _serve_upstream(host: str) -> None:
 def _serve_gateway(spec: dict[str, Any]) -> None:
     from adapters.events import Usage
     from worker.gateway.proxy import Policy
-    from worker.gateway.route import ModelRoute, relay_source
+    from worker.gateway.route import ModelRoute
     from worker.gateway.standins import StandIns
     from worker.gateway.upstreams import Upstream
 
@@ -284,9 +284,7 @@ def _serve_gateway(spec: dict[str, Any]) -> None:
     directory = None
     if spec.get("socket_dir"):
         directory = os.open(spec["socket_dir"], os.O_RDONLY | os.O_DIRECTORY)
-        route(spec["socket_upstream"], RELAY_PORT).open_socket(
-            directory, CONTAINER_DIR, relay_source()
-        )
+        route(spec["socket_upstream"], RELAY_PORT).open_socket(directory, CONTAINER_DIR)
         said["socket"] = {"url": routes[-1].base_url, "key": keys[-1]}
     print(json.dumps(said), flush=True)
     closed = threading.Event()

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import httpx
@@ -35,7 +36,7 @@ import httpx
 from adapters.events import ErrorReason, Event, SandboxActivity, SessionError, Usage, session_error
 from sandbox.base import ExecSpec
 from sandbox.store import safe_fs
-from worker.gateway import wire
+from worker.gateway import relay, wire
 from worker.gateway.proxy import ModelProxy, Policy, Refusal
 from worker.gateway.upstream_client import upstream_client
 from worker.tools.endpoint import EndpointLoop
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 SOCKET = "model.sock"
 RELAY = "model-relay.py"
+RELAY_SOURCE = Path(relay.__file__).read_bytes()
+"""The relay's text, shipped into the sandbox each turn (read once, as the MCP bridge's)."""
 ALIVE_CHECK_S = 1.0
 
 
@@ -123,10 +126,10 @@ class ModelRoute:
 
     # -- where the harness reaches it ---------------------------------------------------------
 
-    def open_socket(self, directory: int, inside: str, relay_source: bytes) -> None:
+    def open_socket(self, directory: int, inside: str) -> None:
         """Serve on ``model.sock`` in the directory open as ``directory`` (the run's
         ``.harness-endpoint``, seen as ``inside`` in the sandbox), with the relay beside it."""
-        safe_fs.put_file(directory, RELAY, relay_source, 0o644)
+        safe_fs.put_file(directory, RELAY, RELAY_SOURCE, 0o644)
         listener = safe_fs.bind_socket(directory, SOCKET, 0o666)
         self._directory, self._relay_dir = directory, inside
         proxy = ModelProxy(self.policy, self, self.client)
@@ -187,10 +190,6 @@ class ModelRoute:
             await asyncio.wait_for(server.wait_closed(), 5)
 
     # -- the turn's side: events and the halt --------------------------------------------------
-
-    @property
-    def busy(self) -> bool:
-        return False
 
     def drain(self) -> list[Event]:
         now = time.monotonic()
@@ -282,16 +281,3 @@ class ModelRoute:
                 retryable=reason == "rate-limited" or exchange.retry_after_s is not None,
                 retry_after_s=exchange.retry_after_s,
             )
-
-
-def remove_relay(directory: int) -> None:
-    """Take the relay out of a run's endpoint directory (a turn without a route)."""
-    with contextlib.suppress(FileNotFoundError, OSError):
-        safe_fs.unlink(directory, RELAY)
-
-
-def relay_source() -> bytes:
-    from worker.gateway import relay
-
-    with open(relay.__file__, "rb") as handle:
-        return handle.read()

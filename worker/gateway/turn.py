@@ -27,7 +27,7 @@ from config.harnesses import model_keys
 from sandbox.base import Placement, UnsafePath
 from worker.errors import InvalidInput
 from worker.gateway.proxy import Policy
-from worker.gateway.route import ModelRoute, WireTotals, relay_source
+from worker.gateway.route import ModelRoute, WireTotals
 from worker.gateway.standins import StandIns
 from worker.gateway.upstreams import Upstream, UpstreamError, upstream_for
 from worker.observe.masking import Masker
@@ -124,9 +124,7 @@ def serve(
             home = str(PurePosixPath(placement.home).relative_to(placement.workspace))
             directory, _ = turn_tools.endpoint_directory(workspace, home)
             try:
-                route.open_socket(
-                    directory, f"{placement.home}/{turn_tools.DIRECTORY}", relay_source()
-                )
+                route.open_socket(directory, f"{placement.home}/{turn_tools.DIRECTORY}")
             except UnsafePath as exc:
                 raise turn_tools.EndpointRefused(
                     f"the run's model gateway is not served: {home}/{turn_tools.DIRECTORY}: {exc}"
