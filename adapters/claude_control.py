@@ -107,3 +107,9 @@ def _reply(state: AdapterState, response: dict[str, Any]) -> None:
 
 finish = claude_code.finish
 policy_warning = claude_code.policy_warning
+
+
+def steer(state: AdapterState, text: str) -> bool:
+    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
+    "Steering")."""
+    return False

@@ -350,3 +350,9 @@ def _completed(turn: dict[str, Any], state: AdapterState, ch: Channel) -> list[E
     if status == "interrupted":
         return [*out, session_error(detail or "codex interrupted the turn", "harness-error")]
     return [*out, error_event(detail or f"codex ended the turn: {status or 'no status'}")]
+
+
+def steer(state: AdapterState, text: str) -> bool:
+    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
+    "Steering")."""
+    return False

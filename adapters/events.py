@@ -298,6 +298,29 @@ class Parked(_Event):
     next_turn: int
 
 
+SteerMode = Literal["queue", "steer", "interrupt"]
+"""How a person's message reaches a run (``harness steer --mode``): ``queue`` as the next turn
+once the current one ends, ``steer`` into the running turn, ``interrupt`` by stopping the
+running turn and starting the next with the message."""
+Delivery = Literal["native", "emulated", "next-turn"]
+"""How a message was delivered: ``native`` on the harness's own channel mid-turn, ``emulated``
+(a ``steer`` the harness could not take mid-turn: the turn was stopped and the message starts
+the next one), ``next-turn`` as (part of) the input of the turn it starts."""
+
+
+class UserMessage(_Event):
+    """Not terminal: a person's (or a service's) message to the run, in order with the turn's
+    events: published by the turn it reached (mid-turn for ``native``/``emulated``) or, for
+    ``next-turn``, right after the ``turn-started`` of the turn whose input it is."""
+
+    type: Literal["user-message"] = "user-message"
+    text: str
+    mode: SteerMode
+    by: str
+    delivery: Delivery
+    message_id: str
+
+
 class TurnComplete(_Event):
     type: Literal["turn-complete"] = "turn-complete"
     text: str
@@ -352,6 +375,7 @@ Event = Annotated[
     | WorkspaceChange
     | Usage
     | Parked
+    | UserMessage
     | TurnComplete
     | SessionError,
     Field(discriminator="type"),
@@ -369,6 +393,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "workspace",
     "usage",
     "parked",
+    "user-message",
     "turn-complete",
     "session-error",
 )

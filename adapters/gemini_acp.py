@@ -16,7 +16,7 @@ from typing import Any
 from adapters import acp, gemini
 from adapters.asks import Ask, Decision
 from adapters.events import Event
-from adapters.protocol import Command, TurnRequest
+from adapters.protocol import AdapterState, Command, TurnRequest
 
 HARNESS_ID = gemini.HARNESS_ID
 CAPABILITIES = gemini.CAPABILITIES
@@ -56,3 +56,9 @@ def policy_warning(request: TurnRequest) -> str | None:
         "loads it: that turn then starts a fresh session with the run's prior "
         "conversation replayed"
     )
+
+
+def steer(state: AdapterState, text: str) -> bool:
+    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
+    "Steering")."""
+    return False

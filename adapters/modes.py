@@ -62,5 +62,11 @@ class ByPosture:
         # Only the ask mode's mapper leaves anything in state.asks.
         self._ask.answer(state, ask, decision)
 
+    def steer(self, state: AdapterState, text: str) -> bool:
+        # Only the ask mode keeps the harness's stdin open for the turn.
+        if not isinstance(state, self._ask_state):
+            return False
+        return bool(self._ask.steer(state, text))
+
     def policy_warning(self, request: TurnRequest) -> str | None:
         return self._mode(request).policy_warning(request)

@@ -16,7 +16,7 @@ from typing import Any
 from adapters import acp, opencode
 from adapters.asks import Ask, Decision
 from adapters.events import Event
-from adapters.protocol import Command, TurnRequest
+from adapters.protocol import AdapterState, Command, TurnRequest
 
 HARNESS_ID = opencode.HARNESS_ID
 CAPABILITIES = opencode.CAPABILITIES
@@ -57,3 +57,9 @@ def answer(state: State, ask: Ask, decision: Decision) -> None:
 
 finish = opencode.finish
 policy_warning = opencode.policy_warning
+
+
+def steer(state: AdapterState, text: str) -> bool:
+    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
+    "Steering")."""
+    return False

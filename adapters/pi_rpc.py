@@ -161,3 +161,9 @@ def answer(state: AdapterState, ask: Ask, decision: Decision) -> None:
 
 finish = pi.finish
 policy_warning = pi.policy_warning
+
+
+def steer(state: AdapterState, text: str) -> bool:
+    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
+    "Steering")."""
+    return False

@@ -25,6 +25,11 @@ AttachmentChannel = Literal["images", "files", "none"]
 """How a harness takes a turn's attachments: ``images`` through its own image input (the model
 sees the pixels; other files are named in the input), ``files`` as files in the workspace named
 in the input (read with its own tools), ``none`` not at all."""
+SteerChannel = Literal["native", "ask-mode", "emulated"]
+"""How a harness takes a message in the middle of its turn (``harness steer --mode steer``):
+``native`` on its own input channel in every posture, ``ask-mode`` on the channel of its ask
+mode (``--posture ask``) and emulated otherwise, ``emulated`` never: the worker then stops the
+turn as a cancel does and the message starts the next turn in the same vendor session."""
 StructuredChannel = Literal["native", "prompt"]
 """How a harness is given a turn's output schema: ``native`` by its own schema option,
 ``prompt`` through its system-prompt channel. The worker validates the answer in both."""
@@ -154,6 +159,9 @@ class Capabilities:
     """The harness's model requests can be sent through the worker's model gateway (its base
     URL and key settings take a loopback URL and a stand-in): its model key never enters its
     sandbox. Where false, a granted model key is refused (worker/gateway/turn.py)."""
+    steering: SteerChannel = "emulated"
+    """Where a ``steer`` message reaches the running turn on the harness's own channel
+    (``queue`` and ``interrupt`` are the worker's, for every harness)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +180,7 @@ class Capabilities:
             "attachments": self.attachments,
             "structured_output": self.structured_output,
             "model_gateway": self.model_gateway,
+            "steering": {"queue": "emulated", "steer": self.steering, "interrupt": "emulated"},
         }
 
 
@@ -205,7 +214,7 @@ class Mode(Protocol[StateT]):
     """One CLI mode of a harness, as a module (``adapters/<module>.py``) whose ``State`` is
     ``StateT``: how a turn is invoked and how its output is mapped. The state ``new_state``
     makes is the one its mapper is given back. A mode that asks nothing of us (a one-shot
-    mapper) needs no more; :class:`Adapter` is a mode that can also answer."""
+    mapper) needs no more; :class:`Adapter` is a mode that can also answer and be steered."""
 
     HARNESS_ID: str
     CAPABILITIES: Capabilities
@@ -227,3 +236,9 @@ class Adapter(Mode[StateT], Protocol[StateT]):
     the mapper left in ``state.asks``; it appends the harness's reply to ``state.outbox``."""
 
     def answer(self, state: StateT, ask: Ask, decision: Decision) -> None: ...
+
+    def steer(self, state: StateT, text: str) -> bool:
+        """Hand a person's message to the running turn on the harness's own channel: append
+        its line to ``state.outbox`` and return True; False when this turn's mode has no such
+        channel (the worker then emulates it, :data:`SteerChannel`)."""
+        ...

@@ -51,6 +51,7 @@ CAPABILITIES = Capabilities(
     mcp_client=True,
     permission_ask=True,
     attachments="files",
+    steering="ask-mode",
 )
 
 _ACTIVITY_KINDS = {"command", "file", "tool", "other"}
@@ -218,6 +219,16 @@ def _error_event(error: str, message: dict[str, Any]) -> Event:
     if reason == "quota":
         retryable = retry_after is not None
     return session_error(error, reason, retryable=retryable, retry_after_s=retry_after)  # type: ignore[arg-type]
+
+
+def steer(state: State, text: str) -> bool:
+    """A ``message`` line on the harness's stdin, which stays open only under ``--posture
+    ask`` (otherwise stdin closes after the input, as the protocol says)."""
+    if not state.ask:
+        return False
+    line = {"type": "message", "text": text, "mode": "steer"}
+    state.outbox.append(json.dumps(line).encode("utf-8") + b"\n")
+    return True
 
 
 def answer(state: State, ask: Ask, decision: Decision) -> None:
