@@ -348,6 +348,7 @@ WORKER_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"permissions", "spend", "workspace"}),  # a turn's policies and its workspace
     frozenset({"tools"}),  # the run's MCP endpoint and what stands behind it
     frozenset({"gateway"}),  # the model gateway: a turn's model requests, the keys kept out
+    frozenset({"control"}),  # a person's messages to a run, and the attempts of one seed
     frozenset({"turn"}),  # one turn, from its claim to its end
     frozenset({"fleet"}),  # hosts, host queues, the reaper, the end of a run
     frozenset({"app_names", "broker"}),  # the Celery layer: task names, the broker transport,

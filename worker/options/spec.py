@@ -395,6 +395,9 @@ class TurnPayload(BaseModel):
     attachments: tuple[AttachmentRef, ...] = ()
     output_schema: dict[str, Any] | None = None
     """This turn's schema, in place of the run's ``output_schema``."""
+    messages: tuple[dict[str, Any], ...] = ()
+    """The messages (``harness steer``) whose texts are this turn's input, each published as a
+    ``user-message`` after its ``turn-started`` (worker/control/messages.py)."""
 
     @field_validator("output_schema")
     @classmethod

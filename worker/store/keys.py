@@ -83,6 +83,8 @@ class RedisClient(Protocol):
     ``cast``, since it matches only at run time.
     """
 
+    def execute_command(self, *args: Value) -> Any: ...
+
     def get(self, name: str) -> str | None: ...
 
     def set(
@@ -259,6 +261,25 @@ class Keys:
     def credential(self, run_id: str) -> str:
         return f"{self.prefix}:run:{run_id}:credential"
 
+    def turn_messages(self, run_id: str, turn: int) -> str:
+        """A list of the messages (JSON) sent to turn ``turn`` while it runs (``steer``,
+        ``interrupt``): its worker takes them (worker/control/messages.py)."""
+        return f"{self.prefix}:run:{run_id}:turn:{turn}:messages"
+
+    def inbox(self, run_id: str) -> str:
+        """A list of the messages (JSON) that wait for the run's next turn (``queue``, and
+        what an interrupt or an emulated steer carries over): the next turn's input."""
+        return f"{self.prefix}:run:{run_id}:inbox"
+
+    def inboxes(self) -> str:
+        """A set of the run ids whose inbox may hold messages, for the reaper's backstop."""
+        return f"{self.prefix}:inboxes"
+
+    def group(self, group_id: str) -> str:
+        """A hash of one group of attempts (``--attempts N``): ``runs`` (JSON list of run ids,
+        in attempt order), ``tenant``, ``picked``, ``created_at``."""
+        return f"{self.prefix}:group:{group_id}"
+
     def upload(self, run_id: str) -> str:
         """A list of the chunks of the archive a producer uploaded to seed the run (binary;
         deleted once the first turn has unpacked it, or expires)."""
@@ -325,6 +346,7 @@ class Keys:
             self.run_long(run_id),
             self.events(run_id),
             self.transcript(run_id),
+            self.inbox(run_id),
             self.rewinds(run_id),
             self.permissions(run_id),
             self.permission_answers(run_id),

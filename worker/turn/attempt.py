@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from adapters.events import Event, Session, SessionError, TurnComplete, Usage, session_error
-from adapters.protocol import ExitInfo
+from adapters.protocol import Adapter, AdapterState, ExitInfo
 from adapters.stream import DEFAULT_MAX_LINE_BYTES, StreamDriver
 from sandbox.base import ExecSpec, Process
 from worker.permissions.requests import Gate
@@ -69,6 +69,16 @@ class WireEvents(Protocol):
     def wrap(self, spec: ExecSpec) -> ExecSpec: ...
 
 
+class SteeringHook(Protocol):
+    """The turn's incoming messages (:class:`worker.turn.steering.Steering`)."""
+
+    def attach(
+        self, adapter: Adapter[AdapterState], state: AdapterState, process: Process
+    ) -> None: ...
+
+    def poll(self) -> SessionError | None: ...
+
+
 @dataclass
 class Outcome:
     terminal: Event
@@ -99,6 +109,9 @@ class Publishing:
         """The turn's model route while the harness runs (:mod:`worker.gateway`): the read
         loop publishes what it metered, and stops the harness with its halt (a rate limit
         or a budget met at the gateway)."""
+        self.steering: SteeringHook | None = None
+        """The messages sent to the turn while it runs: the read loop takes them with its
+        cancel check (a steer written to the harness, or the turn stopped for one)."""
         self.on_session: Callable[[Session], None] | None = None
         """Told each ``session`` event once it is handed to the publisher (the run record
         keeps it from then on, not only from the turn's end)."""
@@ -213,6 +226,9 @@ class _ReadLoop:
             # that expired meanwhile: it is what the producer asked for.
             self.next_check = now + POLL_S
             self.stop = self.should_stop()
+            steering = self.out.steering
+            if self.stop is None and steering is not None:
+                self.stop = steering.poll()
             if self.stop is None and gate is not None:
                 self.out.send(gate.poll())
             self.out.send_side_events()

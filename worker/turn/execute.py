@@ -46,6 +46,8 @@ from sandbox.base import (
     SeedUnreachable,
 )
 from sandbox.network import egress_labels
+from worker.control.delivery import after_turn as deliver_messages
+from worker.control.messages import Message
 from worker.deps import Shutdown, TurnDeps
 from worker.errors import InvalidInput
 from worker.gateway.route import WireTotals
@@ -74,6 +76,7 @@ from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.turn import attempt, structured
 from worker.turn.life import TurnLife
 from worker.turn.stall import Stall
+from worker.turn.steering import Steering
 from worker.workspace import attachments as workspace_attachments
 from worker.workspace import steps as workspace_steps
 
@@ -140,6 +143,8 @@ def execute_turn(deps: TurnDeps, payload: TurnPayload, delivery: str | None = No
         metrics.turn_finished(options.harness, outcome, started)
         life.release()
         hold.release()
+        if life.ended:
+            deliver_messages(deps, run_id, turn)
     return outcome
 
 
@@ -248,6 +253,9 @@ class _TurnRun:
         after the rewinds done since the last turn."""
         deps = self.deps
         self.life.publisher = self.out.publisher
+        if self.payload.messages:
+            sent = [Message.model_validate(m) for m in self.payload.messages]
+            self.out.send([m.event("emulated" if m.emulated else "next-turn") for m in sent])
         if self.rewinds_pending:
             self.out.send(
                 self.wait(lambda: workspace_steps.take_rewinds(deps.redis, deps.keys, self.run_id))
@@ -505,6 +513,10 @@ class _TurnRun:
         stop = self.guard.stop_check(self.life.stop_check(), out)
         self.work_began = time.time()
         gate = permissions.gate_for(deps, run_id, self.turn, self.options, out.publisher.masker)
+        out.steering = Steering(
+            deps.redis, deps.keys, run_id, self.turn, out,
+            int(settings.retention_s + settings.run_lease_s),
+        )  # fmt: skip
 
         # In the turn's span: the harness's own spans are its children.
         telemetry = harness_telemetry.for_turn(self.options.harness, settings)
@@ -823,6 +835,8 @@ def _attempt(
     try:
         if gate is not None:
             gate.attach(adapter, driver.state, process)
+        if out.steering is not None:
+            out.steering.attach(adapter, driver.state, process)
         outcome = attempt.drive(process, driver, out, limits, stop, gate, stall)
         log.info("harness.exited", extra={"attempt": number, "exit_code": outcome.exit_code})
     except SandboxError as exc:
@@ -966,4 +980,5 @@ def close_lost_turn(
     permissions.close_turn(deps.redis, deps.keys, run_id, turn, "worker:worker-lost")
     metrics.turn_failed(harness, "worker-lost")
     log.warning("turn.worker_lost", extra={"run_id": run_id, "turn": turn})
+    deliver_messages(deps, run_id, turn)
     return "worker-lost"

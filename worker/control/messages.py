@@ -1,0 +1,137 @@
+"""A person's messages to a run (``harness steer``): where each waits, and who takes it.
+
+Two lists per run, in Redis, so that no message is lost when a process dies:
+
+- the *turn's* list (``Keys.turn_messages``): ``steer`` and ``interrupt`` messages sent while
+  turn N is in flight. Its worker takes them as it polls for a cancel
+  (:mod:`worker.turn.steering`): a ``steer`` its harness can take mid-turn is written on the
+  harness's own channel; anything else stops the turn and moves on to the inbox.
+- the run's *inbox* (``Keys.inbox``): what waits for the next turn (``queue`` messages, an
+  interrupt's, a ``steer`` the harness could not take, and whatever reached the turn's list
+  too late). :func:`worker.control.delivery.deliver` turns it into the next turn.
+
+A message is JSON (:class:`Message`); ``at`` is when it was sent. Taking is atomic (``LPOP``
+with a count, ``LMOVE``): two takers never both get one message.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from adapters.events import Delivery, SteerMode, UserMessage
+from worker.store.keys import Keys, SyncRedis
+
+TAKE_AT_ONCE = 1000
+"""At most this many messages are taken in one call (an inbox longer than that is delivered
+over several turns, in order)."""
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    message_id: str
+    text: str
+    mode: SteerMode
+    by: str
+    at: float
+    emulated: bool = False
+    """A ``steer`` that its turn's harness could not take mid-turn: it starts the next turn."""
+
+    @classmethod
+    def new(cls, text: str, mode: SteerMode, by: str) -> Message:
+        return cls(message_id=f"m-{uuid.uuid4().hex[:16]}", text=text, mode=mode, by=by,
+                   at=time.time())  # fmt: skip
+
+    def event(self, delivery: Delivery) -> UserMessage:
+        return UserMessage(
+            text=self.text,
+            mode=self.mode,
+            by=self.by,
+            delivery=delivery,
+            message_id=self.message_id,
+        )
+
+    def as_payload(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+def to_turn(
+    client: SyncRedis, keys: Keys, run_id: str, turn: int, message: Message, ttl_s: int
+) -> None:
+    """Hand ``message`` to turn ``turn`` while it runs."""
+    key = keys.turn_messages(run_id, turn)
+    pipe = client.pipeline(transaction=True)
+    pipe.execute_command("RPUSH", key, message.model_dump_json())
+    pipe.expire(key, ttl_s)
+    pipe.execute()
+
+
+def to_inbox(
+    client: SyncRedis, keys: Keys, run_id: str, messages: list[Message], ttl_s: int
+) -> None:
+    """Leave ``messages`` for the run's next turn, after those already there."""
+    if not messages:
+        return
+    key = keys.inbox(run_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.execute_command("RPUSH", key, *(m.model_dump_json() for m in messages))
+    pipe.expire(key, ttl_s)
+    pipe.sadd(keys.inboxes(), run_id)
+    pipe.execute()
+
+
+def take_for_turn(client: SyncRedis, keys: Keys, run_id: str, turn: int) -> list[Message]:
+    """The messages sent to the running turn since the last call, oldest first."""
+    raw = client.execute_command("LPOP", keys.turn_messages(run_id, turn), TAKE_AT_ONCE)
+    return _parsed(raw)
+
+
+def pending_for_turn(client: SyncRedis, keys: Keys, run_id: str, turn: int) -> bool:
+    return bool(client.exists(keys.turn_messages(run_id, turn)))
+
+
+def carry_over(client: SyncRedis, keys: Keys, run_id: str, turn: int, ttl_s: int) -> int:
+    """Move what turn ``turn`` never took (it ended first) to the inbox, in order; how many."""
+    source, target = keys.turn_messages(run_id, turn), keys.inbox(run_id)
+    moved = 0
+    while client.execute_command("LMOVE", source, target, "LEFT", "RIGHT"):
+        moved += 1
+    if moved:
+        client.expire(target, ttl_s)
+        client.sadd(keys.inboxes(), run_id)
+    return moved
+
+
+def take_inbox(client: SyncRedis, keys: Keys, run_id: str) -> list[Message]:
+    """Everything waiting in the inbox (up to :data:`TAKE_AT_ONCE`), oldest first."""
+    return _parsed(client.execute_command("LPOP", keys.inbox(run_id), TAKE_AT_ONCE))
+
+
+def give_back(
+    client: SyncRedis, keys: Keys, run_id: str, messages: list[Message], ttl_s: int
+) -> None:
+    """Put taken messages back at the head of the inbox (a turn that could not be begun)."""
+    if not messages:
+        return
+    key = keys.inbox(run_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.execute_command("LPUSH", key, *(m.model_dump_json() for m in reversed(messages)))
+    pipe.expire(key, ttl_s)
+    pipe.sadd(keys.inboxes(), run_id)
+    pipe.execute()
+
+
+def waiting(client: SyncRedis, keys: Keys, run_id: str) -> int:
+    """How many messages wait in the inbox."""
+    return int(client.execute_command("LLEN", keys.inbox(run_id)) or 0)
+
+
+def _parsed(raw: object) -> list[Message]:
+    if not raw:
+        return []
+    items = raw if isinstance(raw, list) else [raw]
+    return [Message.model_validate_json(str(item)) for item in items]
