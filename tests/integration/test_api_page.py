@@ -1,12 +1,18 @@
 """The run page in a real headless Chromium (Debian's ``chromium``), driven over the DevTools
 protocol: it streams the turn, shows the pending permission request, a click on Approve
-answers it, and the page sees the turn finish (opened with an approve page link)."""
+answers it, and the page sees the turn finish and loads the turn's diff (opened with an
+approve page link: the steer box is there; with a read link it is not). The page's other
+renderings are in test_api_pages_render.py.
+
+``HARNESS_PAGE_SCREENS=DIR`` saves the screenshots there (PNG), else under the test's
+tmp_path."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -89,6 +95,34 @@ class Page:
                 result: dict[str, Any] = message["result"]
                 return result
 
+    async def open(self, url: str) -> None:
+        """A laptop's window (1280x860) showing ``url``."""
+        await self.call("Page.enable")
+        await self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1280,
+            height=860,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        await self.call("Page.navigate", url=url)
+
+    async def screenshot(self, path: Path) -> None:
+        """The whole page (beyond the window) as a PNG at ``path``."""
+        metrics = await self.call("Page.getLayoutMetrics")
+        size = metrics["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000)}
+        shot = await self.call(
+            "Page.captureScreenshot",
+            format="png",
+            captureBeyondViewport=True,
+            clip={**clip, "scale": 1},
+        )
+        png = base64.b64decode(shot["data"])
+        assert png.startswith(b"\x89PNG")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+
     async def evaluate(self, expression: str) -> Any:
         reply = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         return reply["result"].get("value")
@@ -104,6 +138,14 @@ class Page:
         raise AssertionError(f"the page never showed {expression!r}; it shows:\n{body}")
 
 
+def screens(tmp_path: Path) -> Path:
+    """Where a test's screenshots go: HARNESS_PAGE_SCREENS, else its tmp_path."""
+    return Path(os.environ.get("HARNESS_PAGE_SCREENS") or tmp_path)
+
+
+EVENTS = "document.querySelector('#events').innerText"
+
+
 def test_the_run_page_streams_the_turn_and_approves_a_request(
     api: ApiProcess,  # noqa: F811
     chromium: str,
@@ -111,35 +153,50 @@ def test_the_run_page_streams_the_turn_and_approves_a_request(
 ) -> None:
     import websockets
 
+    script = (
+        "@text looking around\n@activity command ls -la\n@usage 120 40 0.0123\n"
+        "@ask touch page.txt\n@complete page done"
+    )
     with api.client("acme") as http:
-        run_id = start(
-            http, "@text looking around\n@ask touch page.txt\n@complete page done", posture="ask"
-        )
+        run_id = start(http, script, posture="ask", labels={"team": "blue"})
         made = http.post(f"/v1/runs/{run_id}/links", json={"mode": "approve"})
         assert made.status_code == 201, made.text
     url = made.json()["url"]
 
-    async def scenario() -> bytes:
+    async def scenario() -> str:
         async with websockets.connect(chromium, max_size=2**26) as socket:
             page = Page(socket)
-            await page.call("Page.enable")
-            await page.call("Page.navigate", url=url)
-            await page.until("document.querySelector('#events').innerText.includes('looking')")
+            await page.open(url)
+            await page.until(f"{EVENTS}.includes('looking around')")
             await page.until("document.querySelector('button.allow') !== null")
-            shot = await page.call("Page.captureScreenshot", format="png")  # mid-turn
+            await page.until("document.querySelector('#facts').innerText.includes('stdio-json')")
             assert "link=" not in await page.evaluate("location.href")  # the token left the URL
+            # Mid-turn: the turn's events as what they mean, the request waiting.
+            mid: str = await page.evaluate(EVENTS)
+            assert "Turn 1" in mid and "stdio-json · attempt 1" in mid
+            assert "ls -la" in mid and "120 in / 40 out" in mid and "$0.0123" in mid
+            assert "asks" in mid and "touch page.txt" in mid
+            assert "team=blue" in await page.evaluate("document.body.innerText")
+            # An approve link: the steer box is there, with its three modes.
+            assert await page.evaluate("document.querySelector('#steer').hidden") is False
+            modes = "[...document.querySelectorAll('#steer-mode option')].map(o => o.value)"
+            assert await page.evaluate(modes) == ["queue", "steer", "interrupt"]
+            await page.screenshot(screens(tmp_path) / "run-mid-turn.png")
             await page.evaluate("document.querySelector('button.allow').click()")
-            await page.until(
-                "document.querySelector('#events').innerText.includes('turn complete: page done')"
-            )
+            await page.until(f"{EVENTS}.includes('turn complete: page done')")
             await page.until("document.querySelector('#requests').innerText.includes('nothing')")
-            await page.evaluate("document.querySelector('#load-diff').click()")
-            await page.until("document.querySelector('#diff').innerText.includes('page.txt')")
-            return base64.b64decode(shot["data"])
+            await page.until(f"{EVENTS}.includes('allowed (once) by api:acme:link:')")
+            await page.until("document.querySelector('#turn-1 button.load-diff') !== null")
+            await page.evaluate("document.querySelector('#turn-1 button.load-diff').click()")
+            await page.until(
+                "document.querySelector('#turn-1 pre.diff').innerText.includes('page.txt')"
+            )
+            text: str = await page.evaluate(EVENTS)
+            return text
 
-    png = asyncio.run(scenario())
-    assert png.startswith(b"\x89PNG")
-    (tmp_path / "run-page.png").write_bytes(png)
+    text = asyncio.run(scenario())
+    assert "+ page.txt" in text  # the workspace's files, as changes
+    assert "undefined" not in text
     with api.client("acme") as http:
         decision = next(
             e
@@ -150,4 +207,28 @@ def test_the_run_page_streams_the_turn_and_approves_a_request(
         assert decision["data"]["by"] == f"api:acme:link:{made.json()['link_id']}"
     page = httpx.get(f"{api.url}/runs/{run_id}")
     assert page.status_code == 200 and api.keys["acme"] not in page.text
-    assert "connect-src 'self'" in page.headers["content-security-policy"]
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "unsafe" not in csp
+    assert "<script>" not in page.text and "onclick" not in page.text
+
+
+def test_a_read_link_shows_no_answers_and_no_steer_box(
+    api: ApiProcess,  # noqa: F811
+    chromium: str,
+) -> None:
+    import websockets
+
+    with api.client("acme") as http:
+        run_id = start(http, "@ask touch read.txt\n@complete read done", posture="ask")
+        url = http.post(f"/v1/runs/{run_id}/links", json={"mode": "read"}).json()["url"]
+
+        async def scenario() -> None:
+            async with websockets.connect(chromium, max_size=2**26) as socket:
+                page = Page(socket)
+                await page.open(url)
+                await page.until("document.querySelector('#requests .request') !== null")
+                assert await page.evaluate("document.querySelector('#steer').hidden") is True
+                assert await page.evaluate("document.querySelector('button.allow')") is None
+
+        asyncio.run(scenario())
+        http.delete(f"/v1/runs/{run_id}")

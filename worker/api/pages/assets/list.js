@@ -1,0 +1,120 @@
+// The runs list: GET /v1/runs with the tenant's key (kept for this tab, sent only in the
+// Authorization header), its filters and cursor; a run opens through a page link made for it.
+"use strict";
+
+const KEY = "harness-api-key";
+const $ = (id) => document.getElementById(id);
+let cursor = null;
+
+const key = () => sessionStorage.getItem(KEY) || "";
+
+function say(text, cls) {
+  $("list-status").textContent = text;
+  $("list-status").className = cls || "quiet";
+}
+
+function query() {
+  const q = new URLSearchParams();
+  if ($("f-status").value) q.set("status", $("f-status").value);
+  if ($("f-harness").value.trim()) q.set("harness", $("f-harness").value.trim());
+  for (const label of $("f-label").value.split(/[\s,]+/)) if (label) q.append("label", label);
+  q.set("limit", "50");
+  return q;
+}
+
+async function open(runId, mode) {
+  try {
+    const made = await (await H.call(key(), "/v1/runs/" + encodeURIComponent(runId) + "/links",
+      { method: "POST", body: { mode: mode } })).json();
+    // The path: this origin, the token in its fragment (never sent to a server).
+    location.assign(made.path);
+  } catch (error) {
+    say("could not open " + runId + ": " + error.message, "error");
+  }
+}
+
+async function compare(group) {
+  $("group").hidden = false;
+  $("group-name").textContent = group;
+  const box = $("attempts");
+  box.replaceChildren(H.el("p", { className: "quiet" }, "loading…"));
+  try {
+    const found = await (await H.call(key(), "/v1/groups/" + encodeURIComponent(group))).json();
+    H.renderGroup(box, found, { open: (runId) => open(runId, "approve") });
+  } catch (error) {
+    box.replaceChildren(H.el("p", { className: "error" }, error.message));
+  }
+}
+
+function runRow(run) {
+  const openRead = H.el("button", { type: "button", className: "open-read" }, "read");
+  openRead.addEventListener("click", () => open(run.run_id, "read"));
+  const openApprove = H.el("button", { type: "button", className: "open-approve" }, "approve");
+  openApprove.addEventListener("click", () => open(run.run_id, "approve"));
+  let group = null;
+  if (run.group) {
+    group = H.el("button", { type: "button", className: "link compare" },
+      H.text(run.group) + (run.attempt !== undefined && run.attempt !== null ? " #" + run.attempt : ""));
+    group.addEventListener("click", () => compare(run.group));
+  }
+  const model = run.model_reported || run.model_served || run.model_requested;
+  return H.el("tr", { "data-run": H.text(run.run_id) },
+    H.el("td", {}, H.el("code", {}, H.text(run.run_id)),
+      run.forked_from ? H.el("div", { className: "meta" }, "forked from " + run.forked_from
+        + (run.forked_at_turn !== undefined && run.forked_at_turn !== null ? " at turn " + run.forked_at_turn : "")) : null),
+    H.el("td", {}, H.text(run.harness)),
+    H.el("td", {}, H.statusBadge(run.status)),
+    H.el("td", {}, H.text(model, "—")),
+    H.el("td", { className: "num" }, H.text(run.turns, "0")),
+    H.el("td", { className: "num" }, H.int(run.input_tokens) + " / " + H.int(run.output_tokens)),
+    H.el("td", { className: "num" }, H.cost(run.cost_usd) || "—"),
+    H.el("td", {}, H.el("div", { className: "chips" }, ...H.chips(run.labels))),
+    H.el("td", {}, group),
+    H.el("td", {}, H.text(H.when(run.created_at), "—")),
+    H.el("td", { className: "actions" }, openRead, " ", openApprove));
+}
+
+async function list(more) {
+  if (!key()) { say("paste the tenant's API key above to list its runs"); return; }
+  const q = query();
+  if (more && cursor) q.set("cursor", cursor);
+  say("loading…");
+  try {
+    const page = await (await H.call(key(), "/v1/runs?" + q.toString())).json();
+    if (!more) $("rows").replaceChildren();
+    for (const run of page.runs || []) $("rows").appendChild(runRow(run));
+    cursor = page.cursor || null;
+    $("more").hidden = !cursor;
+    const shown = $("rows").children.length;
+    say(shown ? shown + (shown === 1 ? " run" : " runs") + (cursor ? ", more to load" : "") : "no run matches");
+  } catch (error) {
+    say(error.message, "error");
+  }
+}
+
+function keyState() {
+  $("key-state").textContent = key()
+    ? "a key is in use for this tab (sent only in the Authorization header)"
+    : "no key yet: kept for this tab only, sent only in the Authorization header";
+}
+
+$("key-form").addEventListener("submit", (submitted) => {
+  submitted.preventDefault();
+  const value = $("key").value.trim();
+  $("key").value = ""; // not left in the field
+  if (value) sessionStorage.setItem(KEY, value);
+  keyState();
+  list(false);
+});
+$("forget").addEventListener("click", () => {
+  sessionStorage.removeItem(KEY);
+  $("rows").replaceChildren();
+  $("more").hidden = true;
+  keyState();
+  say("the key is forgotten");
+});
+$("filters").addEventListener("submit", (submitted) => { submitted.preventDefault(); list(false); });
+$("more").addEventListener("click", () => list(true));
+$("group-close").addEventListener("click", () => { $("group").hidden = true; });
+keyState();
+list(false);
