@@ -71,6 +71,13 @@ H.json = function (text) {
   try { return JSON.stringify(JSON.parse(text), null, 2); } catch (error) { return text; }
 };
 
+// A JSON text inline as it is when short, else pretty in a collapsed block.
+H.jsonBlock = function (text, label) {
+  const value = H.text(text);
+  return value.length <= SHORT && !value.includes("\n")
+    ? H.block(value) : H.block(H.json(value), { collapse: true, label: label });
+};
+
 // fetch with the bearer; the JSON error's message (or the status) as the thrown Error's.
 H.call = async function (bearer, path, options) {
   const opts = options || {};

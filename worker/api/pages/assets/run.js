@@ -151,8 +151,10 @@ function show(id, type, data) {
     case "assistant-text": {
       const piece = H.text(data.text);
       if (t.text) {
-        // Gemini streams pieces of one message; the others whole blocks.
-        t.text.textContent += (t.harness.startsWith("gemini") ? "" : "\n") + piece;
+        // Gemini streams pieces of one message, the others whole blocks: a block goes on a
+        // line of its own unless the text between them already holds a space.
+        const joined = t.harness.startsWith("gemini") || /\s$/.test(t.text.textContent) || /^\s/.test(piece);
+        t.text.textContent += (joined ? "" : "\n") + piece;
         return t.text;
       }
       const node = H.el("div", { className: "prose" }, piece);
@@ -165,7 +167,7 @@ function show(id, type, data) {
       const content = [H.el("span", { className: "strong" }, H.text(data.description, "a permission"))];
       if (data.command) content.push(H.el("div", {}, H.el("code", {}, "$ " + data.command)));
       if (data.tool) content.push(meta("tool " + data.tool, data.input_chars ? H.int(data.input_chars) + " chars of input" : ""));
-      if (data.input) content.push(H.block(H.json(data.input), { label: "input" }));
+      if (data.input) content.push(H.jsonBlock(data.input, "input"));
       if (data.deadline) content.push(meta("denied unanswered at " + H.when(data.deadline)));
       const node = row(t, type, id, "asks", ...content);
       node.classList.add("open-request");
@@ -188,7 +190,7 @@ function show(id, type, data) {
         ? meta("input cut: " + H.int(data.input_chars) + " chars in all") : null;
       return row(t, type, id, "tool call",
         H.el("code", { className: "strong" }, H.text(data.server, "?") + "." + H.text(data.tool, "?")), " ",
-        H.block(H.text(data.input, "{}")), cut);
+        H.jsonBlock(H.text(data.input, "{}"), "input"), cut);
     }
     case "tool-result": {
       const ok = data.ok !== false;
@@ -251,8 +253,9 @@ function show(id, type, data) {
     }
     case "session-error": {
       summarize(t);
-      t.state.textContent = "failed: " + H.text(data.reason, "unknown reason");
-      t.state.className = "badge st-failed";
+      const parked = t.state.textContent === "parked"; // its retry is the next turn
+      t.state.textContent = (parked ? "parked: " : "failed: ") + H.text(data.reason, "unknown reason");
+      t.state.className = "badge " + (parked ? "st-parked" : "st-failed");
       const retry = data.retryable
         ? "retryable" + (typeof data.retry_after_s === "number" ? " after " + H.seconds(data.retry_after_s) : "")
         : "not retryable";
@@ -323,7 +326,7 @@ async function showRequests() {
       H.el("div", { className: "strong" }, H.text(request.tool, "a tool") + ": "
         + H.text(request.description || request.command, "(no description)")));
     if (request.command) div.appendChild(H.el("div", {}, H.el("code", {}, "$ " + request.command)));
-    if (request.input) div.appendChild(H.block(H.json(request.input), { label: "input" }));
+    if (request.input) div.appendChild(H.jsonBlock(request.input, "input"));
     for (const decision of APPROVE ? ["allow", "deny"] : []) {
       const button = H.el("button", { type: "button", className: decision }, decision === "allow" ? "Approve" : "Deny");
       button.addEventListener("click", async () => {
@@ -370,8 +373,11 @@ function steerBox() {
       const response = await api("/messages", { method: "POST", body: { text: text, mode: $("steer-mode").value } });
       const body = await response.json().catch(() => ({}));
       result.className = "ok";
+      const how = { "sent-to-turn": "sent to turn ", "queued": "queued behind turn ",
+                    "started": "started turn " }[body && body.state];
       result.textContent = "accepted (" + response.status + ")"
-        + (body && body.message_id ? ": " + body.message_id : "");
+        + (how ? ": " + how + H.text(body.turn, "?") : "")
+        + (body && body.message_id ? " · " + body.message_id : "");
       $("steer-text").value = "";
     } catch (error) {
       result.className = "error";
