@@ -421,3 +421,95 @@ def test_the_steer_box_sends_a_message_and_says_when_the_run_has_ended(
         accepted, refused = asyncio.run(browse(chromium, scenario))
     assert "202" in accepted
     assert "409" in refused
+
+
+GROUP = {
+    "group": "g-orders",
+    "picked": 1,
+    "attempts": [
+        {
+            "index": 0,
+            "run_id": "r" + "0" * 24,
+            "harness": "claude-code",
+            "model": "claude-x",
+            "status": "idle",
+            "outcome": "complete",
+            "structured": {"verdict": "fixed"},
+            "diff": {"files": 2, "lines_added": 12, "lines_removed": 3},
+            "input_tokens": 900,
+            "output_tokens": 80,
+            "cost_usd": 0.02,
+            "wall_s": 41.5,
+        },
+        {
+            "index": 1,
+            "run_id": "r" + "1" * 24,
+            "harness": "codex",
+            "model": HOSTILE,
+            "status": "idle",
+            "outcome": "complete",
+            "structured": None,
+            "diff": {"files": 1, "lines_added": 4, "lines_removed": 0},
+            "input_tokens": 700,
+            "output_tokens": 60,
+            "cost_usd": None,
+            "wall_s": 30,
+        },
+        {
+            "index": 2,
+            "run_id": "r" + "2" * 24,
+            "harness": "gemini-cli",
+            "model": None,
+            "status": "failed",
+            "outcome": None,
+            "structured": None,
+            "diff": {"files": 0, "lines_added": 0, "lines_removed": 0},
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "cost_usd": None,
+            "wall_s": None,
+        },
+    ],
+}
+
+
+def test_a_groups_attempts_are_shown_side_by_side(
+    api: ApiProcess,  # noqa: F811
+    chromium: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The attempts' columns from an answer of GET /v1/groups/{group}'s shape (the page's
+    renderer; the endpoint itself is another change's)."""
+
+    async def scenario(page: Page) -> dict[str, Any]:
+        await page.open(f"{api.url}/runs")
+        await page.until("typeof H === 'object' && typeof H.renderGroup === 'function'")
+        await page.evaluate(
+            "document.querySelector('#group').hidden = false;"
+            f"document.querySelector('#group-name').textContent = {json.dumps(GROUP['group'])};"
+            f"H.renderGroup(document.querySelector('#attempts'), {json.dumps(GROUP)},"
+            " { open: () => {} })"
+        )
+        await page.screenshot(screens(tmp_path) / "group-attempts.png")
+        columns = "[...document.querySelectorAll('#attempts .attempt')]"
+        return {
+            "columns": await page.evaluate(f"{columns}.map(c => c.innerText)"),
+            "picked": await page.evaluate(f"{columns}.map(c => c.classList.contains('picked'))"),
+            "images": await page.evaluate("document.querySelectorAll('img').length"),
+            "structured": await page.evaluate(
+                "document.querySelector('#attempts .structured pre').textContent"
+            ),
+        }
+
+    seen = asyncio.run(browse(chromium, scenario))
+    first, second, third = seen["columns"]
+    assert seen["picked"] == [False, True, False]
+    assert "attempt 0" in first and "claude-code" in first and "claude-x" in first
+    assert "2 files, +12 / -3 lines" in first and "900 in / 80 out" in first
+    assert "$0.0200" in first and "42 s" in first
+    assert '"verdict": "fixed"' in seen["structured"]
+    assert "picked" in second and HOSTILE in second and "not priced" in second
+    assert "failed" in third and "not reported" in third and "none yet" in third
+    assert seen["images"] == 0
+    for text in seen["columns"]:
+        assert "undefined" not in text and "null" not in text and "NaN" not in text

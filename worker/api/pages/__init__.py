@@ -23,6 +23,7 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
+from worker.api import links
 from worker.api.errors import ApiError, not_found
 from worker.options.spec import RUN_ID
 
@@ -38,6 +39,11 @@ ASSETS: dict[str, tuple[bytes, str]] = {
     if item.name.endswith(tuple(_MEDIA))
 }
 """The pages' scripts and style by file name, read once at import."""
+
+GROUPS_BY_LINK = ("GET", "/v1/groups/{group}") in links.ROUTES["read"]
+"""Whether a page link may read its run's group: the run page asks for the attempts only
+then (a refused call would count against the reader's address as a wrong key), and else
+points to the runs list, which reads them with the tenant's key."""
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -61,7 +67,8 @@ async def runs_page() -> HTMLResponse:
 async def run_page(run_id: str) -> HTMLResponse:
     if not RUN_ID.fullmatch(run_id):  # so it is safe to put in the document as it is
         raise not_found(run_id)
-    return HTMLResponse(_RUN_PAGE.replace("RUN_ID", run_id), headers=_PAGE_HEADERS)
+    page = _RUN_PAGE.replace("RUN_ID", run_id).replace("GROUPS_BY_LINK", str(GROUPS_BY_LINK))
+    return HTMLResponse(page, headers=_PAGE_HEADERS)
 
 
 @router.get("/pages/assets/{name}", include_in_schema=False)

@@ -57,9 +57,10 @@ H.block = function (text, options) {
     return H.el("span", { className: mono ? "mono inline" : "inline" }, value);
   }
   const first = value.split("\n", 1)[0];
-  const summary = (opts.label ? opts.label + ": " : "")
-    + (first.length > 80 ? first.slice(0, 80) + "…" : first)
-    + " (" + value.length.toLocaleString("en") + " chars)";
+  // A JSON value's first line says nothing ("{"): such a block is named by its label alone.
+  const head = /^[[{]$/.test(first.trim()) ? "" : first.length > 80 ? first.slice(0, 80) + "…" : first;
+  const summary = (opts.label ? opts.label + (head ? ": " : " ") : "") + head
+    + "(".padStart(head ? 2 : 1) + value.length.toLocaleString("en") + " chars)";
   return H.el("details", { className: "long", open: !!opts.open },
     H.el("summary", {}, summary),
     H.el("pre", { className: mono ? "mono" : "prose" }, value));

@@ -31,7 +31,7 @@ H.renderGroup = function (container, group, options) {
     H.fact(dl, "status", H.statusBadge(a.status));
     H.fact(dl, "outcome", H.text(a.outcome, "none yet"));
     const diff = a.diff || {};
-    H.fact(dl, "changes", H.int(diff.files) + " files, +" + H.int(diff.lines_added)
+    H.fact(dl, "changes", H.int(diff.files) + (diff.files === 1 ? " file, +" : " files, +") + H.int(diff.lines_added)
       + " / -" + H.int(diff.lines_removed) + " lines");
     H.fact(dl, "tokens", H.tokens(a.input_tokens, a.output_tokens));
     H.fact(dl, "cost", H.cost(a.cost_usd) || "not priced");
@@ -39,7 +39,8 @@ H.renderGroup = function (container, group, options) {
     column.appendChild(dl);
     if (a.structured !== undefined && a.structured !== null) {
       column.appendChild(H.el("div", { className: "structured" },
-        H.block(JSON.stringify(a.structured, null, 2), { collapse: true, label: "structured" })));
+        H.block(JSON.stringify(a.structured, null, 2),
+          { collapse: true, label: "structured", open: JSON.stringify(a.structured).length <= 400 })));
     }
     if (opts.open && a.run_id && !mine) {
       const button = H.el("button", { type: "button", className: "open-attempt" }, "open");

@@ -62,9 +62,9 @@ function runRow(run) {
     H.el("td", {}, H.el("code", {}, H.text(run.run_id)),
       run.forked_from ? H.el("div", { className: "meta" }, "forked from " + run.forked_from
         + (run.forked_at_turn !== undefined && run.forked_at_turn !== null ? " at turn " + run.forked_at_turn : "")) : null),
-    H.el("td", {}, H.text(run.harness)),
+    H.el("td", { className: "nowrap" }, H.text(run.harness)),
     H.el("td", {}, H.statusBadge(run.status)),
-    H.el("td", {}, H.text(model, "—")),
+    H.el("td", { className: "nowrap" }, H.text(model, "—")),
     H.el("td", { className: "num" }, H.text(run.turns, "0")),
     H.el("td", { className: "num" }, H.int(run.input_tokens) + " / " + H.int(run.output_tokens)),
     H.el("td", { className: "num" }, H.cost(run.cost_usd) || "—"),
@@ -104,6 +104,7 @@ $("key-form").addEventListener("submit", (submitted) => {
   $("key").value = ""; // not left in the field
   if (value) sessionStorage.setItem(KEY, value);
   keyState();
+  if (asked && key()) compare(asked);
   list(false);
 });
 $("forget").addEventListener("click", () => {
@@ -117,4 +118,8 @@ $("filters").addEventListener("submit", (submitted) => { submitted.preventDefaul
 $("more").addEventListener("click", () => list(true));
 $("group-close").addEventListener("click", () => { $("group").hidden = true; });
 keyState();
+// /runs#group=NAME (the run page's link to its attempts): that group's attempts, once a key
+// is in use; the fragment never reaches a server.
+const asked = new URLSearchParams(location.hash.slice(1)).get("group");
+if (asked && key()) compare(asked);
 list(false);

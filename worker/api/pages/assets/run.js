@@ -80,7 +80,7 @@ function workspace(t, id, data) {
     + count(data.deleted_count, deleted);
   const head = data.rewound_to !== null && data.rewound_to !== undefined
     ? "rewound to turn " + data.rewound_to + ": " : "";
-  const what = [head + files + (files === 1 ? " file" : " files") + " changed, ",
+  const what = [head + (files ? files + (files === 1 ? " file" : " files") : "no files") + " changed, ",
     H.el("span", { className: "plus" }, "+" + H.int(data.lines_added)), " ",
     H.el("span", { className: "minus" }, "-" + H.int(data.lines_removed)), " lines"];
   const list = H.el("ul", { className: "files mono" });
@@ -349,12 +349,17 @@ async function loadGroup(name) {
   $("group").hidden = false;
   $("group-name").textContent = name;
   const box = $("attempts");
+  const elsewhere = H.el("a", { href: "/runs#group=" + encodeURIComponent(name) }, "the runs list");
+  if (document.body.dataset.groupsByLink !== "True") {
+    box.replaceChildren(H.el("p", { className: "quiet" },
+      "a page link opens this run alone: compare its attempts on ", elsewhere, " (with the tenant's key)"));
+    return;
+  }
   try {
     const group = await (await H.call(LINK, "/v1/groups/" + encodeURIComponent(name))).json();
     H.renderGroup(box, group, { current: RUN });
   } catch (error) {
-    box.replaceChildren(H.el("p", { className: "quiet" }, "the attempts cannot be shown with this page link ("
-      + error.message + "); the runs list at /runs shows them with the tenant's key"));
+    box.replaceChildren(H.el("p", { className: "quiet" }, error.message + "; compare the attempts on ", elsewhere));
   }
 }
 
