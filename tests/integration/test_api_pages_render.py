@@ -143,6 +143,7 @@ def test_every_event_type_is_shown_as_what_it_means(
     api: ApiProcess,  # noqa: F811
     api_env: Env,  # noqa: F811
     chromium: str,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     with api.client("acme") as http:
         run_id = start(http, "@complete seeded")
@@ -283,6 +284,7 @@ def test_every_event_type_is_shown_as_what_it_means(
         running = await page.evaluate("document.querySelector('#turn-2 .badge').innerText")
         _publish(api_env, run_id, 2, [terminal], first=len(turn))
         await page.until(f"{EVENTS}.includes('Fixed the lookup.')")
+        await page.screenshot(screens(tmp_path) / "run-every-event.png")
         return {
             "running": running,
             "text": await page.evaluate("document.querySelector('#turn-2').innerText"),
@@ -295,7 +297,7 @@ def test_every_event_type_is_shown_as_what_it_means(
     assert seen["bare"] == [] and seen["running"] == "running"
     assert "claude-code · attempt 2" in seen["head"] and "complete" in seen["head"]
     assert "claude-x" in seen["head"] and "900 in / 80 out" in seen["head"]
-    assert "$0.0200" in seen["head"] and "gateway 910 in / 80 out, 1 requests" in seen["head"]
+    assert "$0.0200" in seen["head"] and "gateway 910 in / 80 out, 1 request" in seen["head"]
     assert "sess-7 resumed" in text
     assert "Looking at\nthe orders." in text or "Looking at the orders." in text
     assert "grep -rn order src/" in text

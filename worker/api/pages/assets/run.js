@@ -45,7 +45,7 @@ function summarize(t) {
   const u = t.final || t.usage;
   parts.push(H.tokens(u.input, u.output) + (t.usage.cached ? " (" + H.int(t.usage.cached) + " cached)" : ""));
   parts.push(H.cost(u.cost) || "not priced");
-  if (t.gateway) parts.push("gateway " + H.tokens(t.gateway.input, t.gateway.output) + ", " + t.gateway.requests + " requests");
+  if (t.gateway) parts.push("gateway " + H.tokens(t.gateway.input, t.gateway.output) + ", " + t.gateway.requests + (t.gateway.requests === 1 ? " request" : " requests"));
   t.sum.textContent = parts.join(" · ");
 }
 
@@ -80,9 +80,11 @@ function workspace(t, id, data) {
     + count(data.deleted_count, deleted);
   const head = data.rewound_to !== null && data.rewound_to !== undefined
     ? "rewound to turn " + data.rewound_to + ": " : "";
-  const what = [head + (files ? files + (files === 1 ? " file" : " files") : "no files") + " changed, ",
-    H.el("span", { className: "plus" }, "+" + H.int(data.lines_added)), " ",
-    H.el("span", { className: "minus" }, "-" + H.int(data.lines_removed)), " lines"];
+  const what = files || data.lines_added || data.lines_removed
+    ? [head + files + (files === 1 ? " file" : " files") + " changed, ",
+       H.el("span", { className: "plus" }, "+" + H.int(data.lines_added)), " ",
+       H.el("span", { className: "minus" }, "-" + H.int(data.lines_removed)), " lines"]
+    : [head + "no files changed"];
   const list = H.el("ul", { className: "files mono" });
   for (const [mark, paths, cls] of [["+", added, "plus"], ["~", modified, "mod"], ["-", deleted, "minus"]]) {
     for (const path of paths) list.appendChild(H.el("li", { className: cls }, mark + " " + path));
@@ -168,7 +170,11 @@ function show(id, type, data) {
       if (data.command) content.push(H.el("div", {}, H.el("code", {}, "$ " + data.command)));
       if (data.tool) content.push(meta("tool " + data.tool, data.input_chars ? H.int(data.input_chars) + " chars of input" : ""));
       if (data.input) content.push(H.jsonBlock(data.input, "input"));
-      if (data.deadline) content.push(meta("denied unanswered at " + H.when(data.deadline)));
+      if (data.deadline) {
+        const deadline = meta("denied unanswered at " + H.when(data.deadline));
+        deadline.classList.add("deadline");
+        content.push(deadline);
+      }
       const node = row(t, type, id, "asks", ...content);
       node.classList.add("open-request");
       requests.set(H.text(data.request_id), node);
@@ -177,7 +183,11 @@ function show(id, type, data) {
     case "permission-decision": {
       const allowed = data.decision === "allow";
       const asked = requests.get(H.text(data.request_id));
-      if (asked) { asked.classList.remove("open-request"); asked.classList.add(allowed ? "allowed" : "denied"); }
+      if (asked) {
+        asked.classList.remove("open-request");
+        asked.classList.add(allowed ? "allowed" : "denied");
+        asked.querySelector(".deadline")?.remove(); // answered: no longer waiting for it
+      }
       const node = row(t, type, id, allowed ? "allowed" : "denied",
         (allowed ? "allowed" : "denied") + " (" + H.text(data.scope, "once") + ") by ",
         H.el("code", {}, H.text(data.by, "unknown")),
