@@ -35,6 +35,10 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
   @allocate MIB          hold that many MiB of memory (to meet a memory limit)
   @ignore-term           ignore SIGTERM from now on
   @fork N                start N children that ignore SIGTERM and sleep
+  @wait-message SECONDS  wait up to SECONDS for a message line on stdin (``harness steer``,
+                         with HARNESS_POSTURE=ask: the only posture whose stdin stays open)
+                         and answer with a text line "message: TEXT"; a text line "no
+                         message" when none came (without ask it only waits)
   @error MESSAGE         an error line (terminal)
   @limit N REASON [S]    the first N times this line runs in the run (counted in $HOME): an
                          error line with that reason (rate-limited, quota, ...) and
@@ -60,6 +64,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -231,6 +236,30 @@ def _usage(rest: str, args: list[str], raw: str) -> None:
 
 def _sleep(rest: str, args: list[str], raw: str) -> None:
     time.sleep(float(args[0]))
+
+
+def _wait_message(rest: str, args: list[str], raw: str) -> None:
+    seconds = float(args[0]) if args else 30.0
+    if not asking():
+        time.sleep(seconds)
+        emit({"type": "text", "text": "no message"})
+        return
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([sys.stdin], [], [], left)
+        if not ready:
+            break
+        line = sys.stdin.readline()
+        if not line:
+            break
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and message.get("type") == "message":
+            emit({"type": "text", "text": f"message: {message.get('text', '')}"})
+            return
+    emit({"type": "text", "text": "no message"})
 
 
 def _stream(rest: str, args: list[str], raw: str) -> None:
@@ -488,6 +517,7 @@ DIRECTIVES: dict[str, Directive] = {
     "usage": _usage,
     "sleep": _sleep,
     "stream": _stream,
+    "wait-message": _wait_message,
     "flood": _flood,
     "stamp": _stamp,
     "bigline": _bigline,

@@ -268,11 +268,13 @@ def test_a_rate_limited_turn_parks_the_run_and_its_input_is_sent_again(world: Wo
     assert record.resume_at == parked["resume_at"]
     ((payload, queue, countdown),) = SENT
     payload = {**payload, "attachments": list(payload["attachments"])}
+    payload["messages"] = list(payload["messages"])
     assert payload == {
         "run_id": run_id,
         "turn": 2,
         "input": script,
         "not_before": parked["resume_at"],
+        "messages": [],
         "attachments": [],
         "output_schema": None,
     }

@@ -113,6 +113,13 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "model": OPT_STRING,  # docs/events.md: source gateway only
     },
     "parked": {"resume_at": NUMBER, "reason": STRING, "next_turn": INT},
+    "user-message": {
+        "text": STRING,
+        "mode": STRING,
+        "by": STRING,
+        "delivery": STRING,
+        "message_id": STRING,
+    },
     "turn-complete": {
         "text": STRING,
         "session_id": OPT_STRING,

@@ -5,7 +5,8 @@ nothing else, so that the page never needs (nor shows) the tenant's API key.
 SHA-256 is kept in Redis (``Keys.page_link``) with its run, tenant, the id of the key that
 made it, its mode and its expiry, the key expiring with it. The token is a bearer for the
 page's own calls of that run alone (:data:`ROUTES`): its record, events, event stream,
-pending requests and diff; with mode ``approve`` also the answer to a permission request.
+pending requests and diff; with mode ``approve`` also the answer to a permission request and
+a message to the run (the page's steer box).
 It names its run by where it is kept, so it finds nothing under another run's id. It dies
 when it expires, when it is deleted (``DELETE /v1/runs/{id}/links/{link_id}``), when its
 tenant is revoked and when the key that made it is revoked or rotated away (the tenants
@@ -48,7 +49,11 @@ _READ = frozenset(
 )
 ROUTES: dict[str, frozenset[tuple[str, str]]] = {
     "read": _READ,
-    "approve": _READ | {("POST", "/v1/runs/{run_id}/permissions/{request_id}")},
+    "approve": _READ
+    | {
+        ("POST", "/v1/runs/{run_id}/permissions/{request_id}"),
+        ("POST", "/v1/runs/{run_id}/messages"),
+    },
 }
 """What a link of each mode may call (method, route), of its own run."""
 
@@ -60,7 +65,7 @@ class LinkCreate(BaseModel):
 
     mode: Mode = "read"
     """``read``: the run live, its requests and diff; ``approve``: also answer its
-    permission requests."""
+    permission requests and send it messages."""
     ttl_s: int = Field(DEFAULT_TTL_S, gt=0)
     """Seconds the link lives, at most HARNESS_API_LINK_MAX_TTL_S."""
 

@@ -341,6 +341,27 @@ async def cancel_run(request: Request, run_id: str, tenant: TenantDep) -> Any:
     return {"run_id": run_id, "cancelled": cancelled}
 
 
+@router.post(
+    "/v1/runs/{run_id}/messages",
+    status_code=202,
+    response_model=schemas.MessageSent,
+    responses=_errors(404, 409),
+    operation_id="sendMessage",
+)
+async def send_message(
+    request: Request, run_id: str, body: schemas.MessageIn, tenant: TenantDep
+) -> Any:
+    """Send a message to the run (``queue``, ``steer`` or ``interrupt``); 409 once it ended
+    or when its budget refuses the turn the message would start."""
+    api = await _owned(request, run_id, tenant)
+    via_link = getattr(request.state, "link_id", None)
+    user = f"link:{via_link}" if via_link else body.by
+    who = f"api:{tenant.name}" + (f":{user}" if user else "")
+    return await run_in_threadpool(
+        lambda: api.client.steer(run_id, body.text, mode=body.mode, by=who)
+    )
+
+
 @router.delete(
     "/v1/runs/{run_id}",
     response_model=None,

@@ -81,6 +81,33 @@ class Cancelled(BaseModel):
     cancelled: bool
 
 
+class MessageIn(BaseModel):
+    """``POST /v1/runs/{id}/messages``: a message to the run (``harness steer``)."""
+
+    model_config = _STRICT
+
+    text: str = Field(min_length=1)
+    mode: Literal["queue", "steer", "interrupt"] = "queue"
+    by: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="the platform's user who sends it, recorded as ``api:TENANT:BY`` in the "
+        "``user-message``'s ``by`` (without it ``api:TENANT``)",
+    )
+
+
+class MessageSent(BaseModel):
+    run_id: str
+    message_id: str
+    mode: Literal["queue", "steer", "interrupt"]
+    turn: int
+    state: Literal["sent-to-turn", "queued", "started"]
+    """``sent-to-turn``: the running turn ``turn`` takes it; ``queued``: it waits for turn
+    ``turn`` to end; ``started``: it is the input of the new turn ``turn``."""
+
+
 class Decision(BaseModel):
     """``POST /v1/runs/{id}/permissions/{request_id}``."""
 

@@ -18,6 +18,7 @@ import adapters
 from adapters import HARNESS_IDS
 from config import SettingsError
 from worker.cli import attach as cli_attach
+from worker.cli import control as cli_control
 from worker.cli import permissions as cli_permissions
 from worker.cli import spend as cli_spend
 from worker.cli import tenant as cli_tenant
@@ -139,6 +140,7 @@ COMMAND_EXITS = {
     "end": _RECORD_EXITS,
     "reap": "0 done, 1 a sandbox backend could not be asked",
     "doctor": "0 every check passed (warnings allowed), 1 a check failed",
+    **cli_control.EXITS,
     **cli_workspace.EXITS,
     **cli_spend.EXITS,
     **cli_permissions.EXITS,
@@ -163,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_turn(command)
     _add_reading(command)
     _add_stopping(command)
+    cli_control.add_commands(command, _add_run_id)
     cli_workspace.add_commands(command, _add_run_id)
     cli_spend.add_commands(command, _add_run_id, OPERATOR_BOUND)
     cli_permissions.add_commands(command, _add_run_id)
@@ -603,6 +606,7 @@ HANDLERS: dict[str, Handler] = {
     "status": _status,
     "cancel": _cancel,
     "end": _end,
+    **cli_control.HANDLERS,
     **cli_workspace.HANDLERS,
     **cli_spend.HANDLERS,
     **cli_permissions.HANDLERS,

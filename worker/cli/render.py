@@ -455,6 +455,15 @@ class Renderer:
     def _parked(self, event: Any, view: TurnView) -> None:
         self._print(Text(f"  ⏸ {parked_text(event.data)}", style="bold yellow"))
 
+    def _user_message(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        how = {"native": "into the turn", "emulated": "steer, as the next turn"}.get(
+            str(data.get("delivery")), str(data.get("mode") or "")
+        )
+        line = Text(f"  ✉ {data.get('by') or '?'} ({how}): ", style="bold magenta")
+        line.append(one_line(str(data.get("text") or ""), VALUE_LIMIT))
+        self._print(line)
+
     def summary(self, record: dict[str, Any], terminal: Any) -> None:
         """After ``--follow``: the run's state and totals, on one line."""
         if self.json:
@@ -744,6 +753,7 @@ _EVENT_VIEWS: dict[str, Callable[[Renderer, Any, TurnView], None]] = {
     "usage": Renderer._usage,
     "workspace": Renderer._workspace,
     "parked": Renderer._parked,
+    "user-message": Renderer._user_message,
     **dict.fromkeys(TERMINAL_TYPES, Renderer._terminal),
 }
 """How a person sees each event type (JSON output prints them all alike)."""

@@ -25,6 +25,7 @@ from config import Settings, SettingsError, load_settings
 from worker.app import create_producer_app, turn_sender
 from worker.app_names import TASK_END_RUN, harness_queue
 from worker.client.reading import RunReader, Waiting
+from worker.client.steering import Steering
 from worker.client.translate import translate
 from worker.client.workspace import Loaded, WorkspaceRequests, load_attachments
 from worker.errors import (
@@ -97,6 +98,11 @@ class HarnessClient:
         self.export = self.workspace.export
         self.rewind = self.workspace.rewind
         self._app = celery_app
+        # Messages to a run (docs/events.md, "Messages to a run").
+        self._steering = Steering(
+            self.settings, self.redis, self.keys, self.store,
+            lambda: turn_sender(self.app), self.cancel,
+        )  # fmt: skip
 
     @classmethod
     def from_url(cls, redis_url: str, **settings: Any) -> HarnessClient:
@@ -385,6 +391,17 @@ class HarnessClient:
             if turn == 1:
                 return f"run {run_id} may be left in Redis (unreachable too)"
             return f"run {run_id} may still look busy (Redis is unreachable too)"
+
+    @translate
+    def steer(
+        self, run_id: str, text: str, *, mode: str = "queue", by: str | None = None
+    ) -> dict[str, Any]:
+        """Send a message to the run: ``mode`` ``queue`` (the next turn, once the one in
+        flight ends), ``steer`` (into the running turn: the harness's own channel where its
+        capability ``steering`` has one, else the turn is stopped and the message starts the
+        next) or ``interrupt`` (the running turn stops as on cancel; the message starts the
+        next turn in the same session). See :meth:`worker.client.steering.Steering.steer`."""
+        return self._steering.steer(run_id, text, mode=mode, by=by)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -125,6 +125,13 @@ def give_back(
     pipe.execute()
 
 
+def in_inbox(client: SyncRedis, keys: Keys, run_id: str, message_id: str) -> bool:
+    """Whether message ``message_id`` still waits in the inbox (not taken by a turn yet)."""
+    return any(
+        m.message_id == message_id for m in _parsed(client.lrange(keys.inbox(run_id), 0, -1))
+    )
+
+
 def waiting(client: SyncRedis, keys: Keys, run_id: str) -> int:
     """How many messages wait in the inbox."""
     return int(client.execute_command("LLEN", keys.inbox(run_id)) or 0)

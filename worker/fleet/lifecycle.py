@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from adapters.events import TERMINAL_TYPES, session_error
 from config import Settings
 from sandbox.base import LABEL_WORKER, Egress, Limits, RunSpec, Sandbox, SandboxError, WarmPool
+from worker.control import delivery
 from worker.errors import RunNotFound
 from worker.fleet import hosts
 from worker.observe import metrics
@@ -77,6 +78,8 @@ class ReapReport:
     """Concurrency slots of keys released because the turn holding them lost its worker."""
     gateways: list[str] = field(default_factory=list)
     """What was done to egress gateways (an unhealthy one replaced)."""
+    delivered: list[str] = field(default_factory=list)
+    """Turns started with messages that waited in an inbox (their turn's worker died)."""
 
     def lines(self) -> list[str]:
         out = [f"removed sandbox of run {r}" for r in self.sandboxes]
@@ -84,6 +87,7 @@ class ReapReport:
         out += [f"closed turn {t} (its host had no worker for too long)" for t in self.waited_out]
         out += [f"sent turn {t} again (no worker had taken it)" for t in self.resent]
         out += [f"released key slot {s} (its worker was lost)" for s in self.slots_released]
+        out += [f"started turn {t} with the messages waiting for it" for t in self.delivered]
         out += self.gateways
         return out
 
@@ -179,6 +183,22 @@ def _reap_turns(deps: TurnDeps, report: ReapReport) -> None:
     report.resent += resend_queued_turns(deps, deps.send_turn)
     # Concurrency slots held by turns whose worker is gone (worker/spend/slots.py).
     report.slots_released += slots.reap(deps)
+    deliver_waiting_messages(deps, report)
+
+
+def deliver_waiting_messages(deps: TurnDeps, report: ReapReport) -> None:
+    """The backstop of message delivery: a run whose inbox holds messages and no turn in
+    flight (the worker that ended its last turn died before it delivered) gets its next turn.
+    """
+    post = delivery.post_for(deps)
+    for run_id in sorted(deps.redis.smembers(deps.keys.inboxes())):
+        try:
+            turn = delivery.deliver(post, run_id)
+        except Exception as exc:  # noqa: BLE001 -- one run's trouble is not the pass's
+            log.warning("reaper.delivery_failed", extra={"run_id": run_id, "error": str(exc)})
+            continue
+        if turn is not None:
+            report.delivered.append(f"{run_id}/{turn}")
 
 
 def reap_pass(deps: TurnDeps) -> ReapReport:
