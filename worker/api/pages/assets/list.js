@@ -27,6 +27,9 @@ async function open(runId, mode) {
     const made = await (await H.call(key(), "/v1/runs/" + encodeURIComponent(runId) + "/links",
       { method: "POST", body: { mode: mode } })).json();
     // The path: this origin, the token in its fragment (never sent to a server).
+    if (typeof made.path !== "string" || !made.path.startsWith("/runs/" + runId + "#")) {
+      throw new Error("an unexpected link");
+    }
     location.assign(made.path);
   } catch (error) {
     say("could not open " + runId + ": " + error.message, "error");
