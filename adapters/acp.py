@@ -58,6 +58,8 @@ from adapters.protocol import AdapterState, TurnRequest
 
 PROTOCOL_VERSION = 1
 _INITIALIZE, _SESSION, _PROMPT, _REPLAYED = 1, 2, 3, 4
+_STEER = 100
+"""Request ids of a steer's ``session/prompt`` start above it (:func:`steer`)."""
 _MARKER = "harness/replayed"
 """A method no agent has: its error response comes back after the history ``session/load``
 replays (gemini 0.61.0 streams it on after the load's response), marking where it ends."""
@@ -89,6 +91,9 @@ class Client:
     texts: list[str] = field(default_factory=list)
     tools: dict[str, Tool] = field(default_factory=dict)
     announced: bool = False
+    steers: int = 0
+    message_id: str | None = None
+    """The ``messageId`` of the last ``agent_message_chunk`` (opencode sends one)."""
 
 
 def client(request: TurnRequest) -> Client:
@@ -194,6 +199,21 @@ def _response(message: dict[str, Any], state: AdapterState, acp: Client) -> list
     return []
 
 
+def steer(state: AdapterState, acp: Client, text: str) -> bool:
+    """A second ``session/prompt`` with the text while the turn's prompt runs. What it does
+    is the agent's: opencode 1.18.33 queues it into the running prompt (the next model
+    request carries it; both prompts' responses come at the end), gemini 0.61.0 cancels the
+    running prompt instead, so only opencode's adapter calls this (docs/adapters.md,
+    "Steering"). Before the prompt is sent, or once it has answered, there is none to
+    steer."""
+    if acp.phase != "prompting" or state.session_id is None:
+        return False
+    acp.steers += 1
+    prompt = {"sessionId": state.session_id, "prompt": [{"type": "text", "text": text}]}
+    state.outbox.append(jsonrpc.request(_STEER + acp.steers, "session/prompt", prompt))
+    return True
+
+
 def _prompt(state: AdapterState, acp: Client) -> list[Event]:
     acp.phase = "prompting"
     prompt = {
@@ -274,6 +294,13 @@ def _update(update: dict[str, Any], acp: Client) -> list[Event]:
         text = coerce.nonempty(content.get("text")) if content.get("type") == "text" else None
         if text is None:
             return []
+        message_id = coerce.nonempty(update.get("messageId"))
+        if message_id is not None and message_id != acp.message_id:
+            # A new assistant message (after a steer, with no tool call between): the final
+            # answer is the last one, not all of them run together.
+            if acp.message_id is not None:
+                acp.texts.clear()
+            acp.message_id = message_id
         acp.texts.append(text)
         return [AssistantText(text=text)]
     if kind in ("tool_call", "tool_call_update"):

@@ -43,6 +43,7 @@ CAPABILITIES = Capabilities(
     permission_ask=True,
     attachments="images",
     structured_output="native",
+    steering="ask-mode",
 )
 
 # Messages we map: system (init, api_retry, permission_denied), assistant (text / tool_use

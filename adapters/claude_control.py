@@ -16,25 +16,38 @@ Everything else (the invocation, the other messages, the exit) is the one-shot m
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapters import claude_code, coerce
 from adapters.asks import Ask, Decision
-from adapters.events import Event
+from adapters.events import Event, TurnComplete, Usage
 from adapters.protocol import AdapterState, Command, TurnRequest
 
 HARNESS_ID = claude_code.HARNESS_ID
 CAPABILITIES = claude_code.CAPABILITIES
 
-ARGV = ("--input-format", "stream-json", "--permission-prompt-tool", "stdio")
+ARGV = (
+    "--input-format",
+    "stream-json",
+    "--permission-prompt-tool",
+    "stdio",
+    "--replay-user-messages",
+)
 """Added to ``claude -p --output-format stream-json --verbose``; the permission mode is
-``default``, so every call the rules do not settle is asked."""
+``default``, so every call the rules do not settle is asked. ``--replay-user-messages``
+echoes each ``user`` line of stdin (``isReplay``) once the CLI takes it: how a steer is
+known to have reached the turn."""
 
 
 @dataclass(kw_only=True)
 class State(claude_code.State):
     """A turn with the control channel: the one-shot mode's state, mapped partly here."""
+
+    steering: list[str] = field(default_factory=list)
+    """Steer texts written and not yet echoed back (not yet taken by the CLI)."""
+    held: Usage | None = None
+    """What the ``result`` lines held back for a steer counted (their sum)."""
 
 
 def new_state(request: TurnRequest) -> State:
@@ -54,9 +67,15 @@ def _first_message(request: TurnRequest) -> bytes:
 
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
     """A ``control_request`` here; the others by :func:`adapters.claude_code.map_message`."""
-    if message.get("type") == "control_request":
+    kind = message.get("type")
+    if kind == "control_request":
         _control_request(message, state, state.denied)
         return []
+    if kind == "user" and message.get("isReplay") is True:
+        _taken(message, state)
+        return []
+    if kind == "result":
+        return _result(message, state)
     return claude_code.map_message(message, state)
 
 
@@ -110,6 +129,55 @@ policy_warning = claude_code.policy_warning
 
 
 def steer(state: AdapterState, text: str) -> bool:
-    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
+    """A stream-json ``user`` line on stdin. 2.1.328 hands it to the model in its next
+    request of the turn (after the running tool calls) as a message saying the user sent it
+    mid-turn; one that comes while the model writes its final answer is taken after the
+    ``result`` as another round, whose ``result`` then ends our turn (docs/adapters.md,
     "Steering")."""
-    return False
+    if not isinstance(state, State):
+        return False
+    line = {
+        "type": "user",
+        "message": {"role": "user", "content": text},
+        "parent_tool_use_id": None,
+        "session_id": "",
+    }
+    state.outbox.append(json.dumps(line).encode("utf-8") + b"\n")
+    state.steering.append(text)
+    return True
+
+
+def _taken(message: dict[str, Any], state: State) -> None:
+    """A ``user`` line echoed back: the turn's input, or a steer the CLI has taken."""
+    content = coerce.mapping(message.get("message")).get("content")
+    if isinstance(content, str) and content in state.steering:
+        state.steering.remove(content)
+
+
+def _result(message: dict[str, Any], state: State) -> list[Event]:
+    """A ``result`` ends the turn unless a steer is still waiting to be taken: the CLI then
+    answers it in another round, and that round's ``result`` ends the turn, its counts the
+    sum of both."""
+    events = claude_code.map_message(message, state)
+    if not events or not isinstance(events[-1], TurnComplete):
+        return events
+    done = events[-1]
+    held = state.held
+    if held is not None:
+        done = done.model_copy(
+            update={
+                "input_tokens": (done.input_tokens or 0) + held.input_tokens,
+                "output_tokens": (done.output_tokens or 0) + held.output_tokens,
+                "cost_usd": None
+                if done.cost_usd is None or held.cost_usd is None
+                else done.cost_usd + held.cost_usd,
+            }
+        )
+    if state.steering:
+        state.held = Usage(
+            input_tokens=done.input_tokens or 0,
+            output_tokens=done.output_tokens or 0,
+            cost_usd=done.cost_usd,
+        )
+        return events[:-1]
+    return [*events[:-1], done]

@@ -40,6 +40,7 @@ CAPABILITIES = Capabilities(
     permission_ask=True,
     attachments="images",
     structured_output="native",
+    steering="ask-mode",
 )
 
 # Messages we map: thread.started (thread_id), item.started / item.completed (items

@@ -57,6 +57,8 @@ the auto posture, unsandboxed by codex (see :mod:`adapters.codex`)."""
 APPROVAL_POLICY = "untrusted"
 """Every command codex does not know to be safe (reads such as ``ls``, ``cat``) is asked."""
 _INITIALIZE, _THREAD, _TURN = 1, 2, 3
+_STEER = 100
+"""Request ids of ``turn/steer`` start above it (their responses are not waited for)."""
 _APPROVALS = {
     "item/commandExecution/requestApproval": ("accept", "decline", "cancel"),
     "item/fileChange/requestApproval": ("accept", "decline", "cancel"),
@@ -85,6 +87,8 @@ class Channel:
     totals: dict[str, int] = field(default_factory=dict)
     last_error: str | None = None
     announced: bool = False
+    steers: int = 0
+    completed: bool = False
 
 
 @dataclass(kw_only=True)
@@ -325,6 +329,7 @@ def _session(state: AdapterState, ch: Channel) -> list[Event]:
 
 
 def _completed(turn: dict[str, Any], state: AdapterState, ch: Channel) -> list[Event]:
+    ch.completed = True
     out = _session(state, ch)
     usage = Usage(
         input_tokens=ch.usage.get("input_tokens", 0),
@@ -352,7 +357,20 @@ def _completed(turn: dict[str, Any], state: AdapterState, ch: Channel) -> list[E
     return [*out, error_event(detail or f"codex ended the turn: {status or 'no status'}")]
 
 
-def steer(state: AdapterState, text: str) -> bool:
-    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
-    "Steering")."""
-    return False
+def steer(state: State, text: str) -> bool:
+    """``turn/steer`` ``{threadId, expectedTurnId, input}`` into the running turn: codex adds
+    the text to the turn as a user message (``item/started`` ``userMessage``) that its next
+    model request carries, after the running tool calls (after a final answer it makes one
+    more). Before the turn has its id, or once it has completed, there is no turn to steer
+    (docs/adapters.md, "Steering")."""
+    ch = state.channel
+    if state.session_id is None or ch.turn_id is None or ch.completed:
+        return False
+    ch.steers += 1
+    params = {
+        "threadId": state.session_id,
+        "expectedTurnId": ch.turn_id,
+        "input": [{"type": "text", "text": text}],
+    }
+    state.outbox.append(jsonrpc.request(_STEER + ch.steers, "turn/steer", params))
+    return True

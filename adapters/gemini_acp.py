@@ -59,6 +59,7 @@ def policy_warning(request: TurnRequest) -> str | None:
 
 
 def steer(state: AdapterState, text: str) -> bool:
-    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
-    "Steering")."""
+    """No channel: gemini 0.61.0 answers a second ``session/prompt`` mid-turn by cancelling
+    the running one (its tool call gets no result, the turn ends ``cancelled``) and has no
+    other: the worker emulates a steer (docs/adapters.md, "Steering")."""
     return False

@@ -42,6 +42,7 @@ CAPABILITIES = Capabilities(
     mcp_ask=True,
     permission_ask=True,
     attachments="images",
+    steering="ask-mode",
 )
 
 #: The provider id our config gives the endpoint of ``request.base_url``.

@@ -16,7 +16,7 @@ from typing import Any
 from adapters import acp, opencode
 from adapters.asks import Ask, Decision
 from adapters.events import Event
-from adapters.protocol import AdapterState, Command, TurnRequest
+from adapters.protocol import Command, TurnRequest
 
 HARNESS_ID = opencode.HARNESS_ID
 CAPABILITIES = opencode.CAPABILITIES
@@ -59,7 +59,7 @@ finish = opencode.finish
 policy_warning = opencode.policy_warning
 
 
-def steer(state: AdapterState, text: str) -> bool:
-    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
-    "Steering")."""
-    return False
+def steer(state: State, text: str) -> bool:
+    """A second ``session/prompt``, which opencode queues into the running one
+    (:func:`adapters.acp.steer`)."""
+    return acp.steer(state, state.channel, text)

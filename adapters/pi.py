@@ -43,6 +43,7 @@ CAPABILITIES = Capabilities(
     mcp_ask=True,
     permission_ask=True,
     attachments="images",
+    steering="ask-mode",
 )
 
 #: The provider name our models.json gives the endpoint of ``request.base_url``.

@@ -68,6 +68,9 @@ def _line(value: dict[str, Any]) -> bytes:
 class State(pi.State):
     """A ``pi --mode rpc`` turn: the one-shot mode's state, mapped partly here."""
 
+    steers: int = 0
+    """``steer`` commands sent this turn (each gets its own id)."""
+
 
 def new_state(request: TurnRequest) -> State:
     # A model we describe ourselves (base_url) has no price: pi reports 0 for it.
@@ -107,6 +110,9 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         # RPC mode waits for the next command after a failed reply: the turn ends here.
         return [*pi.session_events(state), pi.failed_event(state.failure)]
     if kind == "response":
+        if message.get("command") == "steer":
+            # 0.73.1 refuses a steer only for an extension command ("/name"): the turn goes on.
+            return []
         if message.get("command") == "get_state" and message.get("success") is True:
             data = coerce.mapping(message.get("data"))
             state.session_id = coerce.nonempty(data.get("sessionId")) or state.session_id
@@ -163,7 +169,11 @@ finish = pi.finish
 policy_warning = pi.policy_warning
 
 
-def steer(state: AdapterState, text: str) -> bool:
-    """No mid-turn message channel is used yet: the worker emulates a steer (docs/adapters.md,
-    "Steering")."""
-    return False
+def steer(state: State, text: str) -> bool:
+    """RPC mode's ``steer`` command: pi queues the message and hands it to the model after
+    the running tool calls, before its next model request (after a final answer it makes
+    one more), as a ``user`` message (docs/adapters.md, "Steering")."""
+    state.steers += 1
+    command = {"id": f"harness-steer-{state.steers}", "type": "steer", "message": text}
+    state.outbox.append(_line(command))
+    return True

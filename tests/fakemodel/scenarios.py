@@ -35,6 +35,7 @@ SCENARIOS: tuple[str, ...] = (
     "mcp",
     "structured",
     "structured-invalid",
+    "held",
 )
 
 TEXT_ANSWER = "Hello from the fake model."
@@ -50,6 +51,16 @@ TOOL_OUTPUT = "tool-ran-42"
 EDIT_COMMAND = "echo agent-line >> README.md && echo made-by-agent > agent.txt && echo edit-ran"
 """The shell command of the ``edit`` scenario: it changes README.md, adds agent.txt (in the
 harness's working directory, the workspace) and prints ``edit-ran``."""
+HELD_READY = "held-ready"
+HELD_GO = "held-go"
+HELD_COMMAND = (
+    f"touch {HELD_READY}; timeout 60 sh -c 'until [ -e {HELD_GO} ]; do sleep 0.1; done'; "
+    "echo held-ran"
+)
+"""The shell command of the ``held`` scenario: it creates ``held-ready`` in the harness's
+working directory, then waits (up to 60 s) until ``held-go`` exists there and prints
+``held-ran``. A test acts on the running turn between the two (a steer message). No command
+substitution: gemini refuses a command with one under ``--approval-mode default``."""
 TOOL_DESCRIPTION = "Print the tool marker"
 TOOL_FINAL_PREFIX = "Done. The command printed: "
 """The ``tool`` scenario's final answer is this prefix plus the tool result's text (trimmed)."""

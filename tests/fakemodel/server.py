@@ -34,6 +34,7 @@ from tests.fakemodel.limits import Windows, limited_reply
 from tests.fakemodel.scenarios import (
     DEFAULT_SLOW_DELAY_S,
     EDIT_COMMAND,
+    HELD_COMMAND,
     MCP_ARGUMENTS,
     MCP_FINAL_PREFIX,
     MCP_SERVER,
@@ -347,7 +348,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _answer(conv: Conversation, scenario: str, model: str, forbidden: str = "") -> Answer:
-        if scenario in ("tool", "edit", "forbidden"):
+        if scenario in ("tool", "edit", "forbidden", "held"):
             results = conv.tool_results()
             if results:
                 return Answer(model, (final_tool_text(results),))
@@ -358,7 +359,9 @@ class _Handler(BaseHTTPRequestHandler):
                     tool_name=str(tool["name"]),
                     tool_args=shell_arguments(
                         tool,
-                        {"edit": EDIT_COMMAND, "forbidden": forbidden}.get(scenario, TOOL_COMMAND),
+                        {"edit": EDIT_COMMAND, "forbidden": forbidden, "held": HELD_COMMAND}.get(
+                            scenario, TOOL_COMMAND
+                        ),
                     ),
                 )
             return Answer(model, (TEXT_ANSWER,))
