@@ -64,7 +64,7 @@ def test_every_turn_is_shown_a_failed_one_with_its_reason_and_hostile_text_as_te
 ) -> None:
     with api.client("acme") as http:
         run_id = start(
-            http, f"@text {HOSTILE}\n@activity file edited notes.md\n@usage 50 10\n@complete first"
+            http, f"@text {HOSTILE}\n@activity file edited notes.txt\n@usage 50 10\n@complete first"
         )
         wait_terminal(http, run_id, 1)
         for turn, script in (
@@ -124,7 +124,7 @@ def test_every_turn_is_shown_a_failed_one_with_its_reason_and_hostile_text_as_te
     # Hostile text is shown as the text it is, and nothing of it runs or renders.
     assert HOSTILE in text
     assert seen["images"] == 0 and seen["pwned"] == "undefined"
-    assert "edited notes.md" in text and "50 in / 10 out" in text
+    assert "edited notes.txt" in text and "50 in / 10 out" in text
 
 
 def _publish(

@@ -362,6 +362,44 @@ async def send_message(
     )
 
 
+@router.post(
+    "/v1/runs/{run_id}/fork",
+    status_code=201,
+    response_model=schemas.Forked,
+    responses=_errors(404, 409),
+    operation_id="forkRun",
+)
+async def fork_run(
+    request: Request, run_id: str, body: schemas.ForkCreate, tenant: TenantDep
+) -> Any:
+    """A new run of the tenant's from the run's snapshot after turn ``at_turn``, its
+    conversation continued from there (the fork may run another harness or model, within
+    the tenant's policy); its first turn starts with ``input``."""
+    api = await _owned(request, run_id, tenant)
+
+    def policy(harness: str, options: dict[str, Any]) -> dict[str, Any]:
+        return apply_policy(tenant, harness, {**options, "producer": tenant.name}, api.settings)
+
+    fork_id = await run_in_threadpool(
+        lambda: api.client.fork(
+            run_id,
+            body.input,
+            at_turn=body.at_turn,
+            harness=body.harness,
+            labels=body.labels,
+            policy=policy,
+            model=body.model,
+        )
+    )
+    record = await run_in_threadpool(api.client.status, fork_id)
+    return {
+        "run_id": fork_id,
+        "forked_from": run_id,
+        "forked_at_turn": record["forked_at_turn"],
+        "turn": 1,
+    }
+
+
 @router.delete(
     "/v1/runs/{run_id}",
     response_model=None,

@@ -98,6 +98,26 @@ class MessageIn(BaseModel):
     )
 
 
+class ForkCreate(BaseModel):
+    """``POST /v1/runs/{id}/fork``: a new run from the run's snapshot after turn ``at_turn``
+    (default: its last finished turn), its conversation continued from there."""
+
+    model_config = _STRICT
+
+    input: str
+    at_turn: int | None = Field(None, ge=0)
+    harness: str | None = Field(None, max_length=64)
+    model: str | None = Field(None, max_length=200)
+    labels: dict[str, str] | None = None
+
+
+class Forked(BaseModel):
+    run_id: str
+    forked_from: str
+    forked_at_turn: int
+    turn: int
+
+
 class MessageSent(BaseModel):
     run_id: str
     message_id: str

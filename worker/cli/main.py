@@ -36,6 +36,7 @@ from worker.errors import (
 )
 from worker.observe import tracing
 from worker.options.policy import not_utf8
+from worker.options.spec import parse_label
 
 EXIT_STATUSES = f"""\
 exit status:
@@ -134,6 +135,8 @@ _RECORD_EXITS = "0 done, 1 unknown run or Redis unreachable, 2 bad usage (an inv
 COMMAND_EXITS = {
     "run": _RUN_EXITS,
     "turn": _RUN_EXITS + "; 1 also an unknown run, 2 also a turn in flight or an ended run",
+    "fork": _RUN_EXITS + "; 1 also an unknown run or a turn without a snapshot, 2 also a "
+    "turn the run has not finished",
     "events": _RECORD_EXITS + " or event id",
     "status": _RECORD_EXITS,
     "cancel": _RECORD_EXITS,
@@ -163,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     command = functools.partial(_add_command, sub)
     _add_run(command)
     _add_turn(command)
+    _add_fork(command)
     _add_reading(command)
     _add_stopping(command)
     cli_control.add_commands(command, _add_run_id)
@@ -386,6 +390,33 @@ def _add_turn(command: Command) -> None:
     _add_json(turn, "one JSON object per line: {run_id, turn}, then the events")
 
 
+def _add_fork(command: Command) -> None:
+    fork = command(
+        "fork",
+        "start a new run from another's turn",
+        "Start a new run whose workspace is RUN_ID's snapshot after turn --at-turn (default: "
+        "its last finished turn; 0: its seed) and whose conversation continues from there "
+        "(the turns up to it replayed into the new run's first turn, reported as usage of "
+        "source replay); its first turn starts with INPUT. Prints the new run id on the "
+        "first line. The new run keeps RUN_ID's options and tenant, not its durable "
+        "workspace, branch or seed; --harness and --model run it otherwise.",
+    )
+    _add_run_id(fork)
+    fork.add_argument(
+        "input", metavar="INPUT", nargs="?", default="-",
+        help="the new run's first turn; - (or nothing) reads it from standard input",
+    )  # fmt: skip
+    fork.add_argument("--at-turn", type=int, metavar="K", help="the turn to fork after")
+    fork.add_argument("--harness", choices=HARNESS_IDS, help="run the fork with another harness")
+    fork.add_argument("--model", metavar="M", help="run the fork with another model")
+    fork.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE",
+        help="a label of the new run (repeatable), besides its parent's",
+    )  # fmt: skip
+    _add_follow(fork)
+    _add_json(fork, "one JSON object per line: {run_id, turn}, then the events")
+
+
 def _add_reading(command: Command) -> None:
     """``events`` and ``status``."""
     events = command(
@@ -553,6 +584,18 @@ def _turn(args: argparse.Namespace, session: Session) -> int:
     return _follow(client, renderer, args.run_id, number, args.wait) if args.follow else 0
 
 
+def _fork(args: argparse.Namespace, session: Session) -> int:
+    client, renderer = session.client, session.renderer
+    text = _text_arg(args.input, "input")
+    labels = dict(parse_label(item) for item in args.label)
+    run_id = client.fork(
+        args.run_id, text, at_turn=args.at_turn, harness=args.harness, model=args.model,
+        labels=labels,
+    )  # fmt: skip
+    renderer.accepted(run_id, 1)
+    return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
+
+
 def _events(args: argparse.Namespace, session: Session) -> int:
     client, renderer = session.client, session.renderer
     if not args.follow:
@@ -602,6 +645,7 @@ SERVICES = {"api": "harness-api", "tools": "harness-tools"}
 HANDLERS: dict[str, Handler] = {
     "run": _run,
     "turn": _turn,
+    "fork": _fork,
     "events": _events,
     "status": _status,
     "cancel": _cancel,

@@ -24,6 +24,7 @@ from adapters.events import session_error
 from config import Settings, SettingsError, load_settings
 from worker.app import create_producer_app, turn_sender
 from worker.app_names import TASK_END_RUN, harness_queue
+from worker.client.forks import Forks
 from worker.client.reading import RunReader, Waiting
 from worker.client.steering import Steering
 from worker.client.translate import translate
@@ -54,7 +55,7 @@ from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
 from worker.store.listing import RunFilter, unindex_run
 from worker.store.queued import QueuedTurn
-from worker.store.records import RunStore
+from worker.store.records import Lineage, RunStore
 from worker.store.redis_client import redis_client
 from worker.store.status import IN_FLIGHT, RunStatus
 from worker.store.terminal import TurnRef, end_unclaimed_turn
@@ -98,6 +99,10 @@ class HarnessClient:
         self.export = self.workspace.export
         self.rewind = self.workspace.rewind
         self._app = celery_app
+        self._forks = Forks(
+            self.redis, self.keys, self.store, self.workspace, self.create_run,
+            self.settings.retention_s,
+        )  # fmt: skip
         # Messages to a run (docs/events.md, "Messages to a run").
         self._steering = Steering(
             self.settings, self.redis, self.keys, self.store,
@@ -168,6 +173,20 @@ class HarnessClient:
                 print_,
                 lambda: self.start_run(harness, input, **options),
             )
+        return self.create_run(harness, input, **options)
+
+    def create_run(
+        self,
+        harness: str,
+        input: str,
+        *,
+        lineage: Lineage | None = None,
+        before_send: Callable[[str], None] | None = None,
+        **options: Any,
+    ) -> str:
+        """:meth:`start_run` without its idempotency key, for the run's own makers (a fork,
+        a group of attempts): ``lineage`` goes into the record, and ``before_send`` is called
+        with the new run's id once it exists, before its first turn is sent."""
         labels = check_labels(options.pop("labels", None) or {})
         tenant = options.pop("tenant", None)
         if tenant is not None:
@@ -207,7 +226,10 @@ class HarnessClient:
             tenant=tenant,
             webhook_url=webhook_url,
             warnings=list(resolved.warnings),
+            lineage=lineage,
         )
+        if before_send is not None:
+            before_send(run_id)
         self._send(run_id, 1, input, queue, attached)
         return run_id
 
@@ -402,6 +424,23 @@ class HarnessClient:
         next) or ``interrupt`` (the running turn stops as on cancel; the message starts the
         next turn in the same session). See :meth:`worker.client.steering.Steering.steer`."""
         return self._steering.steer(run_id, text, mode=mode, by=by)
+
+    @tracing.traced("HarnessClient.fork")
+    @translate
+    def fork(
+        self,
+        run_id: str,
+        input: str,
+        *,
+        at_turn: int | None = None,
+        harness: str | None = None,
+        **options: Any,
+    ) -> str:
+        """A new run whose workspace is run ``run_id``'s snapshot after turn ``at_turn``
+        (default: its last finished turn) and whose conversation continues from there, its
+        first turn started with ``input``; returns its id. ``harness`` and ``options`` (as
+        :meth:`start_run`'s) change what it runs. See :mod:`worker.client.forks`."""
+        return self._forks.fork(run_id, input, at_turn=at_turn, harness=harness, **options)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -137,6 +137,14 @@ class RunRecord(BaseModel):
     end_requested_at: float | None = None
     """When a producer asked to end the run (``request_end.lua``): from then on it takes no
     more turns, while its worker tears it down (``status`` says ``ended`` once done)."""
+    forked_from: str | None = None
+    """The run this one was forked from (``harness fork``), at turn :attr:`forked_at_turn`:
+    its workspace started as that turn's snapshot, its conversation as turns 1 to K."""
+    forked_at_turn: int | None = None
+    group: str | None = None
+    """The group of attempts this run is one of (``--attempts N``), number :attr:`attempt`
+    (1-based)."""
+    attempt: int | None = None
 
     @classmethod
     def decode(cls, raw: Mapping[str, str]) -> RunRecord:
@@ -188,6 +196,19 @@ class RecordChanges(TypedDict, total=False):
     gateway_cached_input_tokens: int
     gateway_requests: int
     model_served: str | None
+    forked_from: str | None
+    forked_at_turn: int | None
+    group: str | None
+    attempt: int | None
+
+
+class Lineage(TypedDict, total=False):
+    """Where a new run comes from: a fork of another, or one of a group of attempts."""
+
+    forked_from: str
+    forked_at_turn: int
+    group: str
+    attempt: int
 
 
 def encode(fields: Mapping[str, Any]) -> dict[str, str]:
@@ -310,10 +331,12 @@ class RunStore:
         tenant: str | None = None,
         webhook_url: str | None = None,
         warnings: list[str] | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
         """A new run's record (``starting``), indexed. ``warnings``: what the producer's
         policy could not enforce; the first turn's worker writes its own over them when they
-        differ."""
+        differ. ``lineage``: where the run comes from (``forked_from``, ``forked_at_turn``,
+        ``group``, ``attempt``)."""
         now = time.time()
         record = RunRecord(
             run_id=run_id,
@@ -332,6 +355,7 @@ class RunStore:
             tenant=tenant,
             webhook_url=webhook_url,
             warnings=warnings or None,
+            **(lineage or {}),
         )
         fields, long = _split(record.encode())
         pipe = self.redis.pipeline()

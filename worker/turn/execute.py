@@ -223,6 +223,8 @@ class _TurnRun:
         """Why the model gateway stopped the turn (a rate limit, a quota, a budget)."""
         self.wire: WireTotals | None = None
         """What the model gateway counted this turn (None: the turn had no route)."""
+        self.replayed: Usage | None = None
+        """A fork's first turn: the estimated tokens of the conversation it replays."""
         self.rewinds_pending = True
         """Whether rewinds may wait to be told after ``turn-started``: known once the turn
         has waited for any rewind under way (:meth:`prepare`); until then, they are looked
@@ -253,6 +255,8 @@ class _TurnRun:
         after the rewinds done since the last turn."""
         deps = self.deps
         self.life.publisher = self.out.publisher
+        if self.replayed is not None:
+            self.out.send([self.replayed])
         if self.payload.messages:
             sent = [Message.model_validate(m) for m in self.payload.messages]
             self.out.send([m.event("emulated" if m.emulated else "next-turn") for m in sent])
@@ -476,6 +480,15 @@ class _TurnRun:
             output_schema=self.schema,
         )
         request = fit_request(given, self.adapter.CAPABILITIES)
+        if self.turn == 1 and record.forked_from:
+            # A fork's first turn: the parent's turns up to the fork, replayed (worker/client/
+            # forks.py); its usage is published once the turn has started.
+            replayed = _replay_text(
+                self.wait(lambda: self.deps.store.transcript(self.run_id)), FORKED
+            )
+            if replayed:
+                request = dataclasses.replace(request, input=f"{replayed}{request.input}")
+                self.replayed = Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")
         as_files = attachment_warning(given, self.adapter.CAPABILITIES)
         warnings = list(resolved.warnings) if self.turn == 1 else list(record.warnings or [])
         if as_files:
@@ -895,10 +908,14 @@ def _request(
     )
 
 
-def _replay_text(transcript: list[dict[str, Any]]) -> str:
+RESUME_FAILED = "[The previous session could not be resumed. The conversation so far:]"
+FORKED = "[This conversation continues an earlier one. The conversation so far:]"
+
+
+def _replay_text(transcript: list[dict[str, Any]], header: str = RESUME_FAILED) -> str:
     if not transcript:
         return ""
-    parts = ["[The previous session could not be resumed. The conversation so far:]"]
+    parts = [header]
     for entry in transcript:
         parts.append(f"[user]\n{entry.get('input', '')}")
         if entry.get("output"):
