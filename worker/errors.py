@@ -6,6 +6,7 @@ HarnessError
 ├── InvalidSettings   a setting is missing or invalid (a HARNESS_REDIS_URL that is not a Redis
 │                     URL); the message names the variable; also a config.SettingsError (exit 2)
 ├── RunNotFound       no such run (CLI exit 1)
+│   ├── GroupNotFound no such group of attempts (or another tenant's)
 │   └── StreamLost    the run's record is gone while its stream has no end: Redis lost it
 │                     (restarted without persistence, flushed, evicted) or it expired; a
 │                     follower stops with it instead of waiting for events that cannot come
@@ -14,7 +15,8 @@ HarnessError
 ├── Refused           the run's host refused or failed a diff, export or rewind (no such
 │                     snapshot, over a ceiling, the run busy); the message says why (exit 1)
 ├── RequestNotFound   no such permission request in the run (CLI exit 1)
-├── AnswerRefused     a permission request already answered, expired or closed (CLI exit 2)
+├── AnswerRefused     a permission request already answered, expired or closed, or a group
+│                     whose other attempt was picked already (CLI exit 2)
 ├── Unavailable       Redis or the broker cannot be reached (CLI exit 1); also raised while
 │                     iterating ``events()``, whose caller may resume after the last id seen
 └── TurnWaitTimeout   ``wait()`` or ``follow(wait=...)`` gave up before the turn ended or
@@ -48,6 +50,12 @@ class RunNotFound(HarnessError, LookupError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"unknown run {run_id!r}")
         self.run_id = run_id
+
+
+class GroupNotFound(RunNotFound):
+    def __init__(self, group: str) -> None:
+        HarnessError.__init__(self, f"unknown group {group!r}")
+        self.run_id = group
 
 
 class StreamLost(RunNotFound):

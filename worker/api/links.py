@@ -1,4 +1,4 @@
-"""Run page links: a short-lived token that opens one run's page (worker/api/page.py) and
+"""Run page links: a short-lived token that opens one run's page (worker/api/pages/) and
 nothing else, so that the page never needs (nor shows) the tenant's API key.
 
 ``POST /v1/runs/{id}/links`` makes one: an opaque random token ``hl_LINKID_SECRET`` whose
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 import time
@@ -33,6 +34,7 @@ from worker.store.keys import Keys
 TOKEN_PREFIX = "hl_"
 _TOKEN = re.compile(r"hl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 LINK_ID = re.compile(r"lnk_[0-9a-f]{16}")
+GROUP_ID = re.compile(r"g[0-9a-f]{24}")
 DEFAULT_TTL_S = 900
 RECHECK_S = 1.0
 """An open stream with a link asks Redis this often whether the link still lives."""
@@ -45,6 +47,7 @@ _READ = frozenset(
         ("GET", "/v1/runs/{run_id}/events/stream"),
         ("GET", "/v1/runs/{run_id}/permissions"),
         ("GET", "/v1/runs/{run_id}/diff"),
+        ("GET", "/v1/groups/{group}"),
     }
 )
 ROUTES: dict[str, frozenset[tuple[str, str]]] = {
@@ -161,10 +164,13 @@ def holder(link: Link, tenants: TenantRegistry) -> Tenant | None:
 
 
 async def authenticate(
-    api: Any, token: str, method: str, route: str, run_id: str | None
+    api: Any, token: str, method: str, route: str, run_id: str | None, group: str | None = None
 ) -> tuple[Tenant, Link] | None:
     """The tenant a request bearing the link ``token`` acts as, and the link; None when no
-    live link of this run has it; 403 for a call the link's mode does not allow."""
+    live link of this run has it; 403 for a call the link's mode does not allow. A route of
+    a group of attempts (no run id) is the link's when its run is one of the group's."""
+    if run_id is None and group is not None:
+        run_id = await _run_of_group(api, token, group)
     if run_id is None or not RUN_ID.fullmatch(run_id):
         return None
     link = await find(api.pool, api.keys, run_id, token)
@@ -174,6 +180,19 @@ async def authenticate(
     if (method, route) not in ROUTES[link.mode]:
         raise ApiError(403, "forbidden", f"a {link.mode} page link cannot call {method} {route}")
     return tenant, link
+
+
+async def _run_of_group(api: Any, token: str, group: str) -> str | None:
+    """The run of ``group`` whose live link ``token`` is, if any."""
+    if not GROUP_ID.fullmatch(group):
+        return None
+    runs = json.loads(await api.pool.hget(api.keys.group(group), "runs") or "[]")
+    for run_id in runs:
+        if not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+            continue
+        if await find(api.pool, api.keys, run_id, token) is not None:
+            return run_id
+    return None
 
 
 async def revoke(redis: Any, keys: Keys, run_id: str, link_id: str) -> bool:

@@ -73,7 +73,12 @@ async def _tenant(
     if links.is_token(bearer):
         route = getattr(request.scope.get("route"), "path", "")
         linked = await links.authenticate(
-            api, bearer, request.method, route, request.path_params.get("run_id")
+            api,
+            bearer,
+            request.method,
+            route,
+            request.path_params.get("run_id"),
+            request.path_params.get("group"),
         )
         tenant = linked[0] if linked else None
         # Who answers through the page: the link, as the record of a decision says.
@@ -160,8 +165,16 @@ async def create_run(
     async with uploads.run_request(request, api.settings) as (body, files):
         fields = body.model_dump(exclude_none=True)
         harness, text = fields.pop("harness"), fields.pop("input")
+        attempts = fields.pop("attempts", None)
         webhook_url = fields.pop("webhook_url", None) or tenant.webhook_url
         producer = {**fields, "producer": tenant.name}
+        if attempts is not None:
+            group = await _start_attempts(api, tenant, harness, text, attempts, producer, files)
+            if webhook_url:
+                await run_in_threadpool(webhooks.check_url, webhook_url, api.settings)
+                for run_id in group["runs"]:
+                    await api.webhooks.watch(run_id)
+            return {"run_id": group["runs"][0], "turn": 1, **group}
         options = apply_policy(tenant, harness, producer, api.settings)
         if files.archive is not None:
             options["archive"] = str(files.archive)
@@ -181,6 +194,35 @@ async def create_run(
     if webhook_url:
         await api.webhooks.watch(run_id)
     return {"run_id": run_id, "turn": 1}
+
+
+async def _start_attempts(
+    api: Any,
+    tenant: Tenant,
+    harness: str,
+    text: str,
+    attempts: int,
+    producer: dict[str, Any],
+    files: Any,
+) -> dict[str, Any]:
+    """``attempts`` runs under one group, each harness of ``a,b`` within the tenant's policy
+    (the options as the first one's policy fills them)."""
+    names = [name.strip() for name in harness.split(",") if name.strip()]
+    if not names:
+        raise ApiError(422, "invalid_request", "harness: at least one harness id")
+    options: dict[str, Any] = {}
+    for name in names:
+        options = apply_policy(tenant, name, producer, api.settings)
+    if files.archive is not None:
+        options["archive"] = str(files.archive)
+    if files.attachments:
+        options["attachments"] = files.attachments
+    started: dict[str, Any] = await run_in_threadpool(
+        lambda: api.client.start_attempts(
+            names, text, attempts=attempts, **{**options, "tenant": tenant.name}
+        )
+    )
+    return started
 
 
 @router.get(
@@ -458,6 +500,59 @@ async def answer(
         call = lambda: api.client.deny(run_id, request_id, message=body.message, by=who)  # noqa: E731
     result: dict[str, Any] = await run_in_threadpool(call)
     return result
+
+
+# -- groups of attempts ----------------------------------------------------------------------
+
+
+@router.get(
+    "/v1/groups/{group}",
+    response_model=schemas.Group,
+    responses=_errors(404),
+    operation_id="getGroup",
+)
+async def get_group(request: Request, group: str, tenant: TenantDep) -> Any:
+    """The group's attempts side by side: outcome, answer, structured result, diff stats,
+    tokens, cost and wall time of each, and the attempt picked."""
+    api = _api(request)
+    found: dict[str, Any] = await run_in_threadpool(
+        lambda: api.client.attempts(group, tenant=tenant.name)
+    )
+    return found
+
+
+@router.get(
+    "/v1/groups/{group}/diff",
+    response_class=Response,
+    responses=_errors(404),
+    operation_id="diffAttempts",
+)
+async def diff_attempts(
+    request: Request,
+    group: str,
+    tenant: TenantDep,
+    a: Annotated[int, Query(ge=1, le=16)],
+    b: Annotated[int, Query(ge=1, le=16)],
+) -> Response:
+    """A unified diff from attempt ``a``'s workspace to attempt ``b``'s."""
+    api = _api(request)
+    text: str = await run_in_threadpool(
+        lambda: api.client.attempts_diff(group, a, b, tenant=tenant.name)
+    )
+    return Response(text, media_type="text/x-diff; charset=utf-8")
+
+
+@router.post(
+    "/v1/groups/{group}/pick",
+    response_model=schemas.Picked,
+    responses=_errors(404, 409),
+    operation_id="pickAttempt",
+)
+async def pick_attempt(request: Request, group: str, body: schemas.Pick, tenant: TenantDep) -> Any:
+    """Pick one attempt: the others are ended, it goes on as a normal run. The first pick
+    wins (409 for another one later)."""
+    api = _api(request)
+    return await run_in_threadpool(lambda: api.client.pick(group, body.attempt, tenant=tenant.name))
 
 
 # -- the workspace --------------------------------------------------------------------------

@@ -52,8 +52,12 @@ class RunCreate(RunOptionsBody):  # type: ignore[valid-type,misc]
 
     model_config = _STRICT
 
-    harness: str = Field(max_length=64)
+    harness: str = Field(max_length=400)
+    """A harness id; with ``attempts``, also ``a,b,...`` spread over the attempts (as
+    ``model`` may be)."""
     input: str
+    attempts: int | None = Field(None, ge=1, le=16)
+    """Start this many runs side by side under one group (``harness run --attempts N``)."""
     labels: dict[str, str] | None = None
     webhook_url: str | None = Field(None, max_length=2000)
 
@@ -61,6 +65,57 @@ class RunCreate(RunOptionsBody):  # type: ignore[valid-type,misc]
 class RunCreated(BaseModel):
     run_id: str
     turn: int
+    group: str | None = None
+    """With ``attempts``: the group of the attempts; ``run_id`` is the first of ``runs``."""
+    runs: list[str] | None = None
+
+
+class AttemptDiff(BaseModel):
+    files: int
+    lines_added: int
+    lines_removed: int
+
+
+class AttemptRow(BaseModel):
+    """One attempt of a group, as ``GET /v1/groups/{group}`` compares it."""
+
+    index: int
+    run_id: str
+    status: str
+    harness: str | None = None
+    model: str | None = None
+    turns: int | None = None
+    outcome: str | None = None
+    """``complete``, the ``reason`` of its last failed turn, or ``in-progress``."""
+    answer: str | None = None
+    structured: Any = None
+    diff: AttemptDiff | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    wall_s: float | None = None
+
+
+class Group(BaseModel):
+    group: str
+    picked: int | None
+    attempts: list[AttemptRow]
+
+
+class Pick(BaseModel):
+    """``POST /v1/groups/{group}/pick``."""
+
+    model_config = _STRICT
+
+    attempt: int = Field(ge=1)
+
+
+class Picked(BaseModel):
+    group: str
+    picked: int
+    run_id: str
+    ended: list[str]
+    branch: str | None = None
 
 
 class TurnCreate(BaseModel):

@@ -239,7 +239,20 @@ def _add_idempotency_key(p: argparse.ArgumentParser, what: str) -> None:
 
 def _add_run(command: Command) -> None:
     run = command("run", "start a run and its first turn", RUN_DESCRIPTION)
-    run.add_argument("harness", metavar="HARNESS", help="one of: " + ", ".join(HARNESS_IDS))
+    run.add_argument(
+        "harness",
+        metavar="HARNESS",
+        help="one of: " + ", ".join(HARNESS_IDS) + " (with --attempts, also H1,H2,...: "
+        "spread over the attempts, as --model M1,M2 is)",
+    )
+    run.add_argument(
+        "--attempts",
+        type=int,
+        metavar="N",
+        help="start N runs of the prompt side by side under one group (1 to 16), each in its "
+        "own sandbox; prints the group id, then each run id (harness attempts GROUP compares "
+        "them, harness pick GROUP N keeps one)",
+    )
     run.add_argument(
         "prompt",
         metavar="PROMPT",
@@ -540,9 +553,7 @@ def _reap(args: argparse.Namespace, session: Session) -> int:
 def _run(args: argparse.Namespace, session: Session) -> int:
     client, renderer = session.client, session.renderer
     prompt = _text_arg(args.prompt, "prompt")
-    run_id = client.start_run(
-        args.harness,
-        prompt,
+    options = dict(
         model=args.model,
         system_prompt=_system_prompt(args.system_prompt),
         posture=args.posture,
@@ -566,12 +577,32 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         **cli_spend.run_options(args),
         **cli_tenant.run_options(args),
         **cli_tools.run_options(args),
-        idempotency_key=args.idempotency_key,
     )
+    if args.attempts is not None:
+        return _run_attempts(args, session, prompt, options)
+    run_id = client.start_run(args.harness, prompt, **options, idempotency_key=args.idempotency_key)
     for warning in _ignored_options(args, client.settings.sandbox):
         print(f"harness: warning: {warning}", file=sys.stderr)
     renderer.accepted(run_id, 1)
     return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
+
+
+def _run_attempts(
+    args: argparse.Namespace, session: Session, prompt: str, options: dict[str, Any]
+) -> int:
+    """``run --attempts N``: the group id on the first line, then each run id; with
+    --follow, each attempt's first turn in turn (the exit status: 0 when all completed)."""
+    client, renderer = session.client, session.renderer
+    if args.idempotency_key is not None:
+        raise InvalidInput("--idempotency-key is for one run, not a group of attempts")
+    started = client.start_attempts(args.harness, prompt, attempts=args.attempts, **options)
+    renderer.message(started, "\n".join([started["group"], *started["runs"]]))
+    if not args.follow:
+        return 0
+    worst = 0
+    for run_id in started["runs"]:
+        worst = max(worst, _follow(client, renderer, run_id, 1, args.wait))
+    return worst
 
 
 def _turn(args: argparse.Namespace, session: Session) -> int:

@@ -24,6 +24,7 @@ from adapters.events import session_error
 from config import Settings, SettingsError, load_settings
 from worker.app import create_producer_app, turn_sender
 from worker.app_names import TASK_END_RUN, harness_queue
+from worker.client.attempts import Attempts
 from worker.client.forks import Forks
 from worker.client.reading import RunReader, Waiting
 from worker.client.steering import Steering
@@ -101,6 +102,11 @@ class HarnessClient:
         self._app = celery_app
         self._forks = Forks(
             self.redis, self.keys, self.store, self.workspace, self.create_run,
+            self.settings.retention_s,
+        )  # fmt: skip
+        self._attempts = Attempts(
+            self.redis, self.keys, self.store, self.workspace, self.create_run,
+            lambda run_id: self.reading.events(run_id), lambda run_id: self.end(run_id, wait=False),
             self.settings.retention_s,
         )  # fmt: skip
         # Messages to a run (docs/events.md, "Messages to a run").
@@ -441,6 +447,49 @@ class HarnessClient:
         first turn started with ``input``; returns its id. ``harness`` and ``options`` (as
         :meth:`start_run`'s) change what it runs. See :mod:`worker.client.forks`."""
         return self._forks.fork(run_id, input, at_turn=at_turn, harness=harness, **options)
+
+    @tracing.traced("HarnessClient.start_attempts")
+    @translate
+    def start_attempts(
+        self,
+        harness: str | list[str],
+        input: str,
+        *,
+        attempts: int,
+        model: str | list[str] | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Start ``attempts`` runs of ``input`` side by side under one group; returns
+        ``{"group", "runs"}``. ``harness`` and ``model`` may be lists (or ``"a,b"``) spread
+        over the attempts, round robin; ``options`` are :meth:`start_run`'s. See
+        :mod:`worker.client.attempts`."""
+        return self._attempts.start(harness, input, attempts=attempts, model=model, **options)
+
+    @translate
+    def attempts(self, group: str, *, tenant: str | None = None) -> dict[str, Any]:
+        """The group's attempts side by side: outcome, answer, structured result, diff stats,
+        tokens, cost and wall time of each. RunNotFound for an unknown group or another
+        tenant's."""
+        return self._attempts.compare(group, tenant)
+
+    @translate
+    def attempts_diff(self, group: str, a: int, b: int, *, tenant: str | None = None) -> str:
+        """A unified diff from attempt ``a``'s workspace to attempt ``b``'s."""
+        return self._attempts.diff(group, a, b, tenant)
+
+    @translate
+    def pick(
+        self,
+        group: str,
+        attempt: int,
+        *,
+        tenant: str | None = None,
+        export_to: str | Path | None = None,
+    ) -> dict[str, Any]:
+        """Pick one attempt of the group (the others are ended; it goes on as a normal run,
+        exported to ``export_to`` if given). The first pick wins (AnswerRefused for another
+        one later)."""
+        return self._attempts.pick(group, attempt, tenant=tenant, export_to=export_to)
 
     # -- reading ----------------------------------------------------------------------------
 
