@@ -237,6 +237,10 @@ class Process(Protocol):
     def close_stdin(self) -> None:
         """End the harness's stdin after what is queued (it reads EOF). Idempotent."""
 
+    def nudge(self) -> None:
+        """Make a :meth:`read` waiting now (or the next one) return None at once: another
+        thread has something for the reader to do (a message for the harness)."""
+
 
 class Sandbox(Protocol):
     backend: str

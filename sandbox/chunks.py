@@ -16,6 +16,7 @@ from sandbox.base import Chunk
 
 READ_AHEAD = 4 * 1024 * 1024
 _EOF = object()
+_NUDGE = object()
 
 
 class ChunkQueue:
@@ -43,13 +44,18 @@ class ChunkQueue:
     def close_stream(self) -> None:
         self._queue.put(_EOF)
 
+    def nudge(self) -> None:
+        """Wake a reader waiting in :meth:`get` (it returns None at once)."""
+        self._queue.put(_NUDGE)
+
     def unbound(self) -> None:
         with self._room:
             self._unbounded = True
             self._room.notify_all()
 
     def get(self, timeout: float) -> Chunk | None:
-        """The next chunk, or None if none arrived within ``timeout`` seconds."""
+        """The next chunk, or None if none arrived within ``timeout`` seconds (or a
+        :meth:`nudge` came first)."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -63,6 +69,8 @@ class ChunkQueue:
             if item is _EOF:
                 self._open -= 1
                 continue
+            if item is _NUDGE:
+                return None
             assert isinstance(item, Chunk)
             with self._room:
                 self._queued -= len(item.data)

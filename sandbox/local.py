@@ -110,6 +110,9 @@ class LocalProcess:
     def read(self, timeout: float) -> Chunk | None:
         return self._chunks.get(timeout)
 
+    def nudge(self) -> None:
+        self._chunks.nudge()
+
     def wait(self, timeout: float) -> int | None:
         try:
             return self._popen.wait(timeout=timeout)

@@ -332,6 +332,9 @@ class DockerProcess:
     def read(self, timeout: float) -> Chunk | None:
         return self._chunks.get(timeout)
 
+    def nudge(self) -> None:
+        self._chunks.nudge()
+
     def wait(self, timeout: float) -> int | None:
         """The exit code from the daemon once the exec ended.
 

@@ -67,6 +67,7 @@ def to_turn(
     pipe = client.pipeline(transaction=True)
     pipe.execute_command("RPUSH", key, message.model_dump_json())
     pipe.expire(key, ttl_s)
+    pipe.execute_command("PUBLISH", keys.messages_channel(), f"{run_id}:{turn}")
     pipe.execute()
 
 

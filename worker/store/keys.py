@@ -271,6 +271,11 @@ class Keys:
         what an interrupt or an emulated steer carries over): the next turn's input."""
         return f"{self.prefix}:run:{run_id}:inbox"
 
+    def messages_channel(self) -> str:
+        """The pub/sub channel on which a sender says ``RUN_ID:TURN`` once it put a message
+        in that turn's list: the worker holding the turn takes it at once."""
+        return f"{self.prefix}:messages"
+
     def inboxes(self) -> str:
         """A set of the run ids whose inbox may hold messages, for the reaper's backstop."""
         return f"{self.prefix}:inboxes"

@@ -78,6 +78,11 @@ class SteeringHook(Protocol):
 
     def poll(self) -> SessionError | None: ...
 
+    @property
+    def rung(self) -> bool:
+        """A message came for the turn: poll now, not at the next poll interval."""
+        ...
+
 
 @dataclass
 class Outcome:
@@ -221,12 +226,14 @@ class _ReadLoop:
             self.terminal_at = self.terminal_at or now
             return self.process.eof or now - self.terminal_at >= limits.exit_grace_s
         timed_out = now >= limits.deadline or now - self.last_output >= limits.idle_s
+        steering = self.out.steering
+        if steering is not None and steering.rung and self.stop is None:
+            self.stop = steering.poll()
         if timed_out or now >= self.next_check:
             # A cancel (or shutdown) that came in while we were busy wins over a timeout
             # that expired meanwhile: it is what the producer asked for.
             self.next_check = now + POLL_S
-            self.stop = self.should_stop()
-            steering = self.out.steering
+            self.stop = self.should_stop() or self.stop
             if self.stop is None and steering is not None:
                 self.stop = steering.poll()
             if self.stop is None and gate is not None:

@@ -526,7 +526,7 @@ class _TurnRun:
         stop = self.guard.stop_check(self.life.stop_check(), out)
         self.work_began = time.time()
         gate = permissions.gate_for(deps, run_id, self.turn, self.options, out.publisher.masker)
-        out.steering = Steering(
+        out.steering = steering = Steering(
             deps.redis, deps.keys, run_id, self.turn, out,
             int(settings.retention_s + settings.run_lease_s),
         )  # fmt: skip
@@ -546,25 +546,28 @@ class _TurnRun:
                     self.life.confirm_hold,
                 )  # fmt: skip
 
-        outcome, driver = one(request, 1)
-        terminal = _explain_kill(outcome.terminal, sandbox, run_id)
-        if (
-            isinstance(terminal, SessionError)
-            and request.resume_session
-            and driver.state.resume_rejected
-        ):
-            log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": self.turn})
-            replayed = _replay_text(self.wait(lambda: deps.store.transcript(run_id)))
-            fresh = dataclasses.replace(
-                request,
-                resume_session=None,
-                input=f"{replayed}{request.input}" if replayed else request.input,
-            )
-            if replayed:
-                out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
-            outcome, driver = one(fresh, 2)
-            terminal = outcome.terminal
-        return terminal, driver
+        try:
+            outcome, driver = one(request, 1)
+            terminal = _explain_kill(outcome.terminal, sandbox, run_id)
+            if (
+                isinstance(terminal, SessionError)
+                and request.resume_session
+                and driver.state.resume_rejected
+            ):
+                log.info("turn.resume_rejected", extra={"run_id": run_id, "turn": self.turn})
+                replayed = _replay_text(self.wait(lambda: deps.store.transcript(run_id)))
+                fresh = dataclasses.replace(
+                    request,
+                    resume_session=None,
+                    input=f"{replayed}{request.input}" if replayed else request.input,
+                )
+                if replayed:
+                    out.send([Usage(input_tokens=math.ceil(len(replayed) / 4), source="replay")])
+                outcome, driver = one(fresh, 2)
+                terminal = outcome.terminal
+            return terminal, driver
+        finally:
+            steering.close()
 
     # -- tools: the run's MCP endpoint while the harness runs (worker/tools/) -----------------
 

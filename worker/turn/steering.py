@@ -12,6 +12,10 @@ inbox: the next turn starts with it, in the same vendor session, and publishes i
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from adapters.events import SessionError, session_error
 from adapters.protocol import Adapter, AdapterState
@@ -23,6 +27,65 @@ from worker.store.keys import Keys, SyncRedis
 from worker.turn.attempt import Publishing
 
 log = logging.getLogger(__name__)
+
+
+Ring = Callable[[], None]
+
+
+class Bell:
+    """Wakes the read loop of a turn a message was just sent to, so that a steer reaches its
+    harness within milliseconds rather than at the loop's next poll: one subscriber per
+    process (``Keys.messages_channel``), told ``RUN_ID:TURN`` by the sender after the
+    message is in the turn's list. A missed ring costs only latency: the loop's poll still
+    finds the message."""
+
+    def __init__(self) -> None:
+        self._rings: dict[tuple[str, str, int], Ring] = {}
+        self._listening: set[str] = set()
+        self._lock = threading.Lock()
+
+    def register(self, client: Any, keys: Keys, run_id: str, turn: int, ring: Ring) -> None:
+        channel = keys.messages_channel()
+        with self._lock:
+            self._rings[(keys.prefix, run_id, turn)] = ring
+            if channel in self._listening:
+                return
+            self._listening.add(channel)
+        threading.Thread(
+            target=self._listen, args=(client, keys.prefix, channel), name="message-bell",
+            daemon=True,
+        ).start()  # fmt: skip
+
+    def unregister(self, keys: Keys, run_id: str, turn: int) -> None:
+        with self._lock:
+            self._rings.pop((keys.prefix, run_id, turn), None)
+
+    def _listen(self, client: Any, prefix: str, channel: str) -> None:
+        while True:
+            try:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(channel)
+                for item in pubsub.listen():
+                    self._ring(prefix, item.get("data"))
+            except Exception as exc:  # noqa: BLE001 -- Redis away: the loop's poll still works
+                log.debug("messages.bell_lost", extra={"error": str(exc)})
+                time.sleep(1.0)
+
+    def _ring(self, prefix: str, data: object) -> None:
+        if isinstance(data, bytes):
+            data = data.decode("utf-8", "replace")
+        if not isinstance(data, str):
+            return
+        run_id, _, turn = data.rpartition(":")
+        if not turn.isdigit():
+            return
+        with self._lock:
+            ring = self._rings.get((prefix, run_id, int(turn)))
+        if ring is not None:
+            ring()
+
+
+BELL = Bell()
 
 
 class Steering:
@@ -39,13 +102,27 @@ class Steering:
         self._process: Process | None = None
         self.stop: SessionError | None = None
         """Why the turn stops for a message (an interrupt, a steer it could not take)."""
+        self.rung = False
+        """A message was sent to the turn since the last :meth:`poll` (the loop polls now)."""
 
     def attach(self, adapter: Adapter[AdapterState], state: AdapterState, process: Process) -> None:
         self._adapter, self._state, self._process = adapter, state, process
+        BELL.register(self.client, self.keys, self.run_id, self.turn, self._rang)
+
+    def _rang(self) -> None:
+        self.rung = True
+        process = self._process
+        if process is not None:
+            process.nudge()
+
+    def close(self) -> None:
+        """The turn's harness is done: no more rings for it."""
+        BELL.unregister(self.keys, self.run_id, self.turn)
 
     def poll(self) -> SessionError | None:
         """Take what was sent to the turn; the turn's stop when one of them stops it. Redis
         being away is ridden out (the messages wait in their list)."""
+        self.rung = False
         try:
             taken = messages.take_for_turn(self.client, self.keys, self.run_id, self.turn)
         except REDIS_ERRORS:
