@@ -39,6 +39,9 @@ Plain input gets a plain answer: a session line, narration, one activity, usage,
                          with HARNESS_POSTURE=ask: the only posture whose stdin stays open)
                          and answer with a text line "message: TEXT"; a text line "no
                          message" when none came (without ask it only waits)
+  @stamp-messages N SECS the same for up to N message lines, each answered at once by a text
+                         line "TIME message: TEXT", TIME the wall clock when it was read
+                         (for steer latency benchmarks); stops at the first SECS without one
   @error MESSAGE         an error line (terminal)
   @limit N REASON [S]    the first N times this line runs in the run (counted in $HOME): an
                          error line with that reason (rate-limited, quota, ...) and
@@ -244,12 +247,39 @@ def _wait_message(rest: str, args: list[str], raw: str) -> None:
         time.sleep(seconds)
         emit({"type": "text", "text": "no message"})
         return
+    arrived = next_message(seconds)
+    if arrived is None:
+        emit({"type": "text", "text": "no message"})
+    else:
+        emit({"type": "text", "text": f"message: {arrived[0]}"})
+
+
+def _stamp_messages(rest: str, args: list[str], raw: str) -> None:
+    count = int(args[0]) if args else 1
+    seconds = float(args[1]) if len(args) > 1 else 30.0
+    if not asking():
+        time.sleep(seconds)
+        emit({"type": "text", "text": "no message"})
+        return
+    for _ in range(count):
+        arrived = next_message(seconds)
+        if arrived is None:
+            emit({"type": "text", "text": "no message"})
+            return
+        text, at = arrived
+        emit({"type": "text", "text": f"{at:.6f} message: {text}"})
+
+
+def next_message(seconds: float) -> tuple[str, float] | None:
+    """The text of the next ``message`` line on stdin within ``seconds``, and the wall clock
+    when it was read; None when none came or stdin closed."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         ready, _, _ = select.select([sys.stdin], [], [], left)
         if not ready:
             break
         line = sys.stdin.readline()
+        at = time.time()
         if not line:
             break
         try:
@@ -257,9 +287,8 @@ def _wait_message(rest: str, args: list[str], raw: str) -> None:
         except ValueError:
             continue
         if isinstance(message, dict) and message.get("type") == "message":
-            emit({"type": "text", "text": f"message: {message.get('text', '')}"})
-            return
-    emit({"type": "text", "text": "no message"})
+            return str(message.get("text", "")), at
+    return None
 
 
 def _stream(rest: str, args: list[str], raw: str) -> None:
@@ -518,6 +547,7 @@ DIRECTIVES: dict[str, Directive] = {
     "sleep": _sleep,
     "stream": _stream,
     "wait-message": _wait_message,
+    "stamp-messages": _stamp_messages,
     "flood": _flood,
     "stamp": _stamp,
     "bigline": _bigline,
