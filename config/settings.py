@@ -154,6 +154,9 @@ class Settings(BaseSettings):
     max_pids: int = Field(4096, gt=0)
     max_turn_timeout_s: float = Field(3600.0, gt=0)
     max_input_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_waiting_messages: int = Field(100, gt=0)
+    """At most this many messages (``harness steer``) wait for one run at once: one more is
+    refused until turns take them."""
 
     # Work in and out: seeding a run's workspace, snapshots after every turn, diff/export/rewind
     repo_schemes: CommaList = ("https",)

@@ -75,6 +75,13 @@ class Steering:
         ttl = int(self.settings.retention_s + self.settings.run_lease_s)
         answer = {"run_id": run_id, "message_id": message.message_id, "mode": mode}
         current = record.current_turn or record.turns
+        waiting = messages.count_waiting(self.client, self.keys, run_id, current)
+        if waiting >= self.settings.max_waiting_messages:
+            raise InvalidInput(
+                f"run {run_id} has {waiting} messages waiting already "
+                f"(HARNESS_MAX_WAITING_MESSAGES={self.settings.max_waiting_messages}): "
+                "send more once turns have taken them"
+            )
         if record.status in IN_FLIGHT and current:
             if mode == "queue":
                 messages.to_inbox(self.client, self.keys, run_id, [message], ttl)

@@ -94,7 +94,7 @@ def deliver(post: Post, run_id: str) -> int | None:
         return None
     except RunNotFound:
         return None
-    taken = take_inbox(client, keys, run_id)
+    taken = take_inbox(client, keys, run_id, post.settings.max_input_bytes)
     if not taken:
         store.unbegin_turn(run_id, turn)  # a concurrent delivery took them
         return None

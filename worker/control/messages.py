@@ -107,9 +107,35 @@ def carry_over(client: SyncRedis, keys: Keys, run_id: str, turn: int, ttl_s: int
     return moved
 
 
-def take_inbox(client: SyncRedis, keys: Keys, run_id: str) -> list[Message]:
-    """Everything waiting in the inbox (up to :data:`TAKE_AT_ONCE`), oldest first."""
-    return _parsed(client.execute_command("LPOP", keys.inbox(run_id), TAKE_AT_ONCE))
+def take_inbox(
+    client: SyncRedis, keys: Keys, run_id: str, max_bytes: int | None = None
+) -> list[Message]:
+    """The oldest messages of the inbox whose texts fit in ``max_bytes`` together (the
+    first one always: each was checked against the limit alone), up to
+    :data:`TAKE_AT_ONCE`; the rest stay for the turn after. Only the holder of the run's
+    next turn takes (``begin_turn`` made it the one), so reading then trimming is safe:
+    others only append."""
+    key = keys.inbox(run_id)
+    head = _parsed(client.lrange(key, 0, TAKE_AT_ONCE - 1))
+    count, size = 0, 0
+    for message in head:
+        size += len(message.text.encode("utf-8")) + (2 if count else 0)
+        if count and max_bytes is not None and size > max_bytes:
+            break
+        count += 1
+    if not count:
+        return []
+    return _parsed(client.execute_command("LPOP", key, count))
+
+
+def count_waiting(client: SyncRedis, keys: Keys, run_id: str, turn: int | None) -> int:
+    """The messages waiting for the run: in its inbox and, with ``turn``, in that turn's
+    list."""
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("LLEN", keys.inbox(run_id))
+    if turn:
+        pipe.execute_command("LLEN", keys.turn_messages(run_id, turn))
+    return sum(int(n or 0) for n in pipe.execute())
 
 
 def give_back(

@@ -41,16 +41,17 @@ class Bell:
 
     def __init__(self) -> None:
         self._rings: dict[tuple[str, str, int], Ring] = {}
-        self._listening: set[str] = set()
+        self._listening: set[tuple[int, str]] = set()
+        """(the client's id, channel): one subscriber per Redis client (a process has one)."""
         self._lock = threading.Lock()
 
     def register(self, client: Any, keys: Keys, run_id: str, turn: int, ring: Ring) -> None:
         channel = keys.messages_channel()
         with self._lock:
             self._rings[(keys.prefix, run_id, turn)] = ring
-            if channel in self._listening:
+            if (id(client), channel) in self._listening:
                 return
-            self._listening.add(channel)
+            self._listening.add((id(client), channel))
         threading.Thread(
             target=self._listen, args=(client, keys.prefix, channel), name="message-bell",
             daemon=True,

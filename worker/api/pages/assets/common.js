@@ -166,3 +166,18 @@ H.chips = function (labels) {
 };
 
 H.statusBadge = (status) => H.el("span", { className: "badge st-" + H.text(status, "unknown") }, H.text(status, "unknown"));
+
+// A unified diff's text into <pre> `out`: each line a text node coloured by what it is (up
+// to a bound; the rest as one text), never parsed as markup.
+H.diffInto = function (out, text) {
+  out.replaceChildren();
+  if (!text) { out.textContent = "(no changes)"; return; }
+  const lines = text.split("\n");
+  const most = 20000;
+  for (const line of lines.slice(0, most)) {
+    const cls = line.startsWith("+++") || line.startsWith("---") || line.startsWith("diff ") ? "file"
+      : line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "plus" : line.startsWith("-") ? "minus" : "";
+    out.appendChild(H.el("span", { className: cls }, line + "\n"));
+  }
+  if (lines.length > most) out.appendChild(document.createTextNode(lines.slice(most).join("\n")));
+};

@@ -36,17 +36,46 @@ async function open(runId, mode) {
   }
 }
 
+// A group's attempts with the key: each one's open button, a pick (the others are ended),
+// and the diff of two.
 async function compare(group) {
   $("group").hidden = false;
   $("group-name").textContent = group;
   const box = $("attempts");
+  const path = "/v1/groups/" + encodeURIComponent(group);
   box.replaceChildren(H.el("p", { className: "quiet" }, "loading…"));
   try {
-    const found = await (await H.call(key(), "/v1/groups/" + encodeURIComponent(group))).json();
-    H.renderGroup(box, found, { open: (runId) => open(runId, "approve") });
+    const found = await (await H.call(key(), path)).json();
+    H.renderGroup(box, found, {
+      open: (a) => open(a.run_id, "approve"),
+      pick: (index) => pick(group, index),
+    });
+    H.renderGroupDiff($("group-diff-box"), found, async (a, b) =>
+      (await H.call(key(), path + "/diff?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b))).text());
   } catch (error) {
     box.replaceChildren(H.el("p", { className: "error" }, error.message));
+    $("group-diff-box").replaceChildren();
   }
+}
+
+async function pick(group, index) {
+  const state = $("group-state");
+  state.className = "quiet";
+  state.textContent = "picking attempt " + index + "…";
+  try {
+    const picked = await (await H.call(key(), "/v1/groups/" + encodeURIComponent(group) + "/pick",
+      { method: "POST", body: { attempt: index } })).json();
+    state.className = "ok";
+    const ended = Array.isArray(picked.ended) ? picked.ended : [];
+    state.textContent = "picked attempt " + H.text(picked.picked, "?") + " (" + H.text(picked.run_id, "?") + ")"
+      + (ended.length ? "; ended " + ended.join(", ") : "")
+      + (picked.branch ? "; its branch " + picked.branch : "");
+  } catch (error) {
+    state.className = "error";
+    state.textContent = error.message;
+  }
+  await compare(group);
+  list(false);
 }
 
 function runRow(run) {
@@ -107,6 +136,7 @@ $("key-form").addEventListener("submit", (submitted) => {
   $("key").value = ""; // not left in the field
   if (value) sessionStorage.setItem(KEY, value);
   keyState();
+  if (openAsked()) return;
   if (asked && key()) compare(asked);
   list(false);
 });
@@ -121,8 +151,23 @@ $("filters").addEventListener("submit", (submitted) => { submitted.preventDefaul
 $("more").addEventListener("click", () => list(true));
 $("group-close").addEventListener("click", () => { $("group").hidden = true; });
 keyState();
-// /runs#group=NAME (the run page's link to its attempts): that group's attempts, once a key
-// is in use; the fragment never reaches a server.
-const asked = new URLSearchParams(location.hash.slice(1)).get("group");
-if (asked && key()) compare(asked);
-list(false);
+// /runs#group=NAME (the run page's link to its attempts): that group's attempts; and
+// #open=RUN_ID&mode=MODE (the run page's link to another attempt): a page link made for it,
+// once a key is in use. The fragment never reaches a server.
+const fragment = new URLSearchParams(location.hash.slice(1));
+const asked = fragment.get("group");
+let opening = /^[A-Za-z0-9_-]{1,64}$/.test(fragment.get("open") || "") ? fragment.get("open") : null;
+const openMode = fragment.get("mode") === "approve" ? "approve" : "read";
+function openAsked() {
+  if (!opening || !key()) return false;
+  const runId = opening;
+  opening = null;
+  say("opening " + runId + "…");
+  open(runId, openMode);
+  return true;
+}
+if (!openAsked()) {
+  if (asked && key()) compare(asked);
+  list(false);
+  if (opening) say("paste the tenant's API key above to open " + opening);
+}

@@ -116,17 +116,8 @@ async function toggleDiff(n, button, out) {
   out.textContent = "loading…";
   try {
     const text = await (await api("/diff?turn=" + n)).text();
-    out.replaceChildren();
     out.dataset.loaded = "1";
-    if (!text) { out.textContent = "(no changes)"; return; }
-    const lines = text.split("\n");
-    const most = 20000; // each line its own node up to here; the rest as one text
-    for (const line of lines.slice(0, most)) {
-      const cls = line.startsWith("+++") || line.startsWith("---") || line.startsWith("diff ") ? "file"
-        : line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "plus" : line.startsWith("-") ? "minus" : "";
-      out.appendChild(H.el("span", { className: cls }, line + "\n"));
-    }
-    if (lines.length > most) out.appendChild(document.createTextNode(lines.slice(most).join("\n")));
+    H.diffInto(out, text);
   } catch (error) {
     out.textContent = error.message;
   }
@@ -283,8 +274,6 @@ function show(id, type, data) {
 
 // -- the record, the requests, the steer box, the group ------------------------------------
 
-let groupShown = null;
-
 async function refresh() {
   const record = await (await api("")).json();
   $("status").textContent = H.text(record.status, "unknown") + " · turn " + H.text(record.current_turn, "0");
@@ -319,10 +308,7 @@ async function refresh() {
   if (record.budget_exceeded) H.fact(dl, "budget spent", H.text(record.budget_exceeded.budget, "a limit"));
   if (record.last_error) H.fact(dl, "last error", H.block(record.last_error, { mono: false }));
   $("labels").replaceChildren(...H.chips(record.labels));
-  if (record.group && groupShown !== record.group) {
-    groupShown = record.group;
-    loadGroup(record.group);
-  }
+  if (record.group) loadGroup(record.group); // this run's own change shows in its column
   await showRequests();
 }
 
@@ -355,20 +341,42 @@ async function showRequests() {
   }
 }
 
+// The attempts of the run's group, read with the page's link (when a link may) and again
+// every few seconds while one of them may still change. Opening another attempt, picking one
+// and the diff of two take the tenant's key: they are on the runs list.
+let groupTimer = null;
+let groupAsked = 0; // only the latest read renders and schedules the next
+
 async function loadGroup(name) {
   $("group").hidden = false;
   $("group-name").textContent = name;
   const box = $("attempts");
-  const elsewhere = H.el("a", { href: "/runs#group=" + encodeURIComponent(name) }, "the runs list");
+  const listed = "/runs#group=" + encodeURIComponent(name);
+  const elsewhere = H.el("a", { href: listed, className: "group-list" }, "the runs list");
   if (document.body.dataset.groupsByLink !== "True") {
     box.replaceChildren(H.el("p", { className: "quiet" },
       "a page link opens this run alone: compare its attempts on ", elsewhere, " (with the tenant's key)"));
     return;
   }
+  clearTimeout(groupTimer);
+  const asked = ++groupAsked;
   try {
     const group = await (await H.call(LINK, "/v1/groups/" + encodeURIComponent(name))).json();
-    H.renderGroup(box, group, { current: RUN });
+    if (asked !== groupAsked) return;
+    const mode = APPROVE ? "approve" : "read";
+    H.renderGroup(box, group, {
+      current: RUN,
+      openHref: (a) => "/runs#open=" + encodeURIComponent(a.run_id) + "&mode=" + mode
+        + "&group=" + encodeURIComponent(name),
+    });
+    box.appendChild(H.el("p", { className: "quiet" },
+      group.picked === null || group.picked === undefined
+        ? ["pick one or see the diff of two on ", elsewhere, " (with the tenant's key)"]
+        : ["attempt " + group.picked + " was picked; the diff of two is on ", elsewhere]));
+    const attempts = Array.isArray(group.attempts) ? group.attempts : [];
+    if (attempts.some(H.attemptRunning)) groupTimer = setTimeout(() => loadGroup(name), 3000);
   } catch (error) {
+    if (asked !== groupAsked) return;
     box.replaceChildren(H.el("p", { className: "quiet" }, error.message + "; compare the attempts on ", elsewhere));
   }
 }
