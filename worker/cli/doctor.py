@@ -922,6 +922,13 @@ def _importable(harness: str) -> bool:
     return True
 
 
+def _cell(value: object) -> str:
+    if isinstance(value, dict):  # steering: the modes taken on the CLI's own channel
+        native = [f"{mode}: {how}" for mode, how in value.items() if how != "emulated"]
+        return ", ".join(native) or "emulated"
+    return "yes" if value is True else "no" if value is False else str(value)
+
+
 def capability_table() -> str:
     """The capability table of docs/adapters.md, from the adapters themselves (Markdown)."""
     caps = {h: adapters.capabilities(h) for h in adapters.HARNESS_IDS if _importable(h)}
@@ -931,10 +938,7 @@ def capability_table() -> str:
         "|---|" + "---|" * len(caps),
     ]
     for name in names:
-        cells = [
-            "yes" if v is True else "no" if v is False else str(v)
-            for v in (caps[h][name] for h in caps)
-        ]
+        cells = [_cell(caps[h][name]) for h in caps]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
