@@ -145,6 +145,10 @@ def test_refusals(steer_env: Env, steer_worker: WorkerProcess) -> None:
         client.steer(run_id, "x", mode="shout")
     with pytest.raises(InvalidInput, match="text"):
         client.steer(run_id, "   ")
+    with pytest.raises(InvalidInput, match="control characters"):
+        client.steer(run_id, "x", by="ana\x1b[2J")  # a terminal escape in who said it
+    with pytest.raises(InvalidInput, match="NUL"):
+        client.steer(run_id, "x\x00y")
     with pytest.raises(RunNotFound):
         client.steer("r" + "0" * 24, "x")
     client.end(run_id)

@@ -460,7 +460,8 @@ class Renderer:
         how = {"native": "into the turn", "emulated": "steer, as the next turn"}.get(
             str(data.get("delivery")), str(data.get("mode") or "")
         )
-        line = Text(f"  ✉ {data.get('by') or '?'} ({how}): ", style="bold magenta")
+        sender = one_line(str(data.get("by") or "?"), VALUE_LIMIT)
+        line = Text(f"  ✉ {sender} ({how}): ", style="bold magenta")
         line.append(one_line(str(data.get("text") or ""), VALUE_LIMIT))
         self._print(line)
 

@@ -67,6 +67,10 @@ class Steering:
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("a message needs some text")
         check_input(text, self.settings)
+        if by is not None and (
+            not isinstance(by, str) or not by.strip() or any(ord(c) < 32 or c == "\x7f" for c in by)
+        ):
+            raise InvalidInput("by: 1 to 200 characters, no control characters")
         sender = (by if by is not None else who())[:MAX_BY_CHARS]
         record = self.store.record(run_id)
         if record.status == "ended" or record.end_requested_at is not None:
