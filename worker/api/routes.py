@@ -132,6 +132,15 @@ def _event_id(text: str | None) -> EventId:
     return START if text is None else parse_event_id(text)
 
 
+def _who(request: Request, tenant: Tenant, by: str | None) -> str:
+    """Who acts, as the stream records it. The tenant's name leads, set here: a user named by
+    the body cannot pass for another tenant, a rule or the worker; through a page link, the
+    link, whatever the body says."""
+    via_link = getattr(request.state, "link_id", None)
+    user = f"link:{via_link}" if via_link else by
+    return f"api:{tenant.name}" + (f":{user}" if user else "")
+
+
 async def _owned(request: Request, run_id: str, tenant: Tenant) -> Any:
     """The API state, once the run is known to be ``tenant``'s (404 otherwise, alike for an
     unknown run and another tenant's)."""
@@ -396,9 +405,7 @@ async def send_message(
     """Send a message to the run (``queue``, ``steer`` or ``interrupt``); 409 once it ended
     or when its budget refuses the turn the message would start."""
     api = await _owned(request, run_id, tenant)
-    via_link = getattr(request.state, "link_id", None)
-    user = f"link:{via_link}" if via_link else body.by
-    who = f"api:{tenant.name}" + (f":{user}" if user else "")
+    who = _who(request, tenant, body.by)
     return await run_in_threadpool(
         lambda: api.client.steer(run_id, body.text, mode=body.mode, by=who)
     )
@@ -489,11 +496,7 @@ async def answer(
 ) -> dict[str, Any]:
     """Allow or deny a waiting request; the first answer wins (409 for a later one)."""
     api = await _owned(request, run_id, tenant)
-    # The tenant's name leads, set here: a user named by the body cannot pass for another
-    # tenant, a rule or the worker (docs/events.md, permission-decision).
-    via_link = getattr(request.state, "link_id", None)
-    user = f"link:{via_link}" if via_link else body.by
-    who = f"api:{tenant.name}" + (f":{user}" if user else "")
+    who = _who(request, tenant, body.by)
     if body.decision == "allow":
         call = lambda: api.client.approve(run_id, request_id, always=body.always, by=who)  # noqa: E731
     else:

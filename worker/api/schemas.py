@@ -136,6 +136,18 @@ class Cancelled(BaseModel):
     cancelled: bool
 
 
+By = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="the platform's user who acts, recorded as ``api:TENANT:BY`` (without it "
+        "``api:TENANT``; through a page link ``api:TENANT:link:LINK_ID``)",
+    ),
+]
+
+
 class MessageIn(BaseModel):
     """``POST /v1/runs/{id}/messages``: a message to the run (``harness steer``)."""
 
@@ -143,14 +155,8 @@ class MessageIn(BaseModel):
 
     text: str = Field(min_length=1)
     mode: Literal["queue", "steer", "interrupt"] = "queue"
-    by: str | None = Field(
-        None,
-        min_length=1,
-        max_length=128,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="the platform's user who sends it, recorded as ``api:TENANT:BY`` in the "
-        "``user-message``'s ``by`` (without it ``api:TENANT``)",
-    )
+    by: By = None
+    """The platform's user who sends it: the ``user-message``'s ``by``."""
 
 
 class ForkCreate(BaseModel):
@@ -191,14 +197,8 @@ class Decision(BaseModel):
     decision: Literal["allow", "deny"]
     always: bool = False
     message: str | None = Field(None, max_length=10_000)
-    by: str | None = Field(
-        None,
-        min_length=1,
-        max_length=128,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="the platform's user who answers, recorded as ``api:TENANT:BY`` in the "
-        "``permission-decision``'s ``by`` (without it ``api:TENANT``)",
-    )
+    by: By = None
+    """The platform's user who answers: the ``permission-decision``'s ``by``."""
 
 
 class Rewind(BaseModel):
