@@ -6,8 +6,10 @@ stand-in for a real key, and sends it what a CLI would send."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -281,3 +283,61 @@ def test_a_streamed_chat_completion_is_asked_for_its_usage(turn: Turn) -> None:
     assert request.body["stream_options"] == {"include_usage": True}
     (usage,) = [e for e in turn.events() if isinstance(e, Usage)]
     assert usage.output_tokens > 0
+
+
+class _Echoing(http.server.BaseHTTPRequestHandler):
+    """An upstream that quotes the key it was given: in a header, and in a chunked body split
+    across chunks (an error page, a debugging proxy)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        key = (self.headers.get("authorization") or "").removeprefix("Bearer ").encode()
+        body = b'{"error": {"message": "invalid key ' + key + b'"}}'
+        cut = body.index(key) + len(key) // 2
+        self.send_response(401)
+        self.send_header("content-type", "application/json")
+        self.send_header("x-seen-key", key.decode())
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for part in (body[:cut], body[cut:]):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.flush()
+            time.sleep(0.05)
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_upstream_that_quotes_the_real_key_never_shows_it_to_the_harness() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echoing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    standins = StandIns.issue({"OPENAI_API_KEY": REAL})
+    route = ModelRoute(
+        Policy(
+            upstream=Upstream.parse(f"http://127.0.0.1:{server.server_port}/v1", "base-url"),
+            standins=standins,
+            request_max_bytes=1 << 20,
+        ),
+        run_id="r-test",
+        alive=lambda: True,
+        over_budget=lambda wire: None,
+        relay_port=0,
+    )
+    route.open_loopback()
+    try:
+        answer = httpx.post(
+            route.base_url + "/chat/completions",
+            json=chat(),
+            headers={"authorization": f"Bearer {standins.by_name['OPENAI_API_KEY']}"},
+            timeout=30,
+        )
+    finally:
+        route.close()
+        server.shutdown()
+    assert answer.status_code == 401
+    seen = answer.text + json.dumps(dict(answer.headers))
+    assert REAL not in seen and REAL[: len(REAL) // 2] not in seen
+    assert "*" * len(REAL) in answer.text and answer.headers["x-seen-key"] == "*" * len(REAL)

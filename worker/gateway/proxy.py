@@ -30,6 +30,7 @@ import httpx
 import orjson
 
 from worker.gateway import wire
+from worker.gateway.echo import EchoMask
 from worker.gateway.standins import StandIns
 from worker.gateway.upstreams import Upstream
 
@@ -264,7 +265,12 @@ class ModelProxy:
         lowered = {k.lower(): v for k, v in response.headers.items()}
         meter = wire.Meter(api, response.status_code, lowered, model)
         metered = False
-        out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in RESPONSE_DROPPED]
+        echo = EchoMask(self.policy.standins.real_values)
+        out_headers = [
+            (k, echo.header(v))
+            for k, v in response.headers.raw
+            if k.lower() not in RESPONSE_DROPPED
+        ]
         try:
             writer.write(
                 conn.send(
@@ -286,11 +292,16 @@ class ModelProxy:
                     if left <= 0 and not metered:
                         metered = True
                         self.hooks.metered(meter.finish(), fallback_from)
-                writer.write(conn.send(h11.Data(data=chunk)) or b"")
-                await writer.drain()
+                masked = echo.feed(chunk)
+                if masked:
+                    writer.write(conn.send(h11.Data(data=masked)) or b"")
+                    await writer.drain()
             if not metered:
                 metered = True
                 self.hooks.metered(meter.finish(), fallback_from)
+            rest = echo.flush()
+            if rest:
+                writer.write(conn.send(h11.Data(data=rest)) or b"")
             writer.write(conn.send(h11.EndOfMessage()) or b"")
             await writer.drain()
         except (httpx.HTTPError, h11.LocalProtocolError) as exc:

@@ -59,6 +59,11 @@ class StandIns:
 
         return _PATTERN_BYTES.sub(real, value), swapped, foreign
 
+    @property
+    def real_values(self) -> tuple[str, ...]:
+        """The real values these stand in for (the gateway masks them in what comes back)."""
+        return tuple(self._real.values())
+
     def swap_query(self, query: str) -> tuple[str, int, int]:
         """A query string with stand-ins replaced (URL-quoted): (query, swapped, foreign)."""
         if PREFIX not in query:
