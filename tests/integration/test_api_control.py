@@ -106,3 +106,20 @@ def test_a_group_of_attempts_through_the_api(api: ApiProcess) -> None:  # noqa: 
         assert http.get(f"/v1/groups/{group}").json()["picked"] == 3
         many = http.post("/v1/runs", json={**RUN, "input": "x", "attempts": 17})
         assert many.status_code == 422
+
+
+def test_a_fork_and_attempts_stay_within_the_tenants_policy(api: ApiProcess) -> None:  # noqa: F811
+    from worker.api.tenants import TenantPolicy
+
+    api.add_tenant("strict", policy=TenantPolicy(harnesses=("stdio-json",)))
+    with api.client("strict") as http:
+        run_id = start(http, "within")
+        wait_terminal(http, run_id, 1)
+        refused = http.post(f"/v1/runs/{run_id}/fork", json={"input": "x", "harness": "codex"})
+        assert refused.status_code == 400 and "tenant strict" in refused.json()["error"]["message"]
+        spread = http.post(
+            "/v1/runs", json={**RUN, "harness": "stdio-json,codex", "input": "x", "attempts": 2}
+        )
+        assert spread.status_code == 400 and "tenant strict" in spread.json()["error"]["message"]
+        listed = http.get("/v1/runs").json()["runs"]
+        assert [r["run_id"] for r in listed] == [run_id]  # nothing half-made
