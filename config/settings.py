@@ -123,6 +123,10 @@ class Settings(BaseSettings):
     ``--base-url`` (where HARNESS_ALLOWED_BASE_URLS allows it) comes first."""
     model_request_max_bytes: int = Field(32 * 1024 * 1024, gt=0)
     """The largest model request body the gateway takes (a larger one is answered 413)."""
+    model_max_connections: int = Field(32, gt=0, le=10_000)
+    """Connections one turn may hold open to its model gateway at once (one more is answered
+    503 and closed): a turn cannot exhaust the worker's descriptors, which its other turns
+    share."""
     model_ca_file: str | None = None
     """A PEM file of CAs the model gateway trusts for its upstreams besides the system's (a
     company's LLM proxy with an internal CA). Names HARNESS_EGRESS_HOSTS pins are connected to

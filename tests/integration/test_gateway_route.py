@@ -341,3 +341,26 @@ def test_an_upstream_that_quotes_the_real_key_never_shows_it_to_the_harness() ->
     seen = answer.text + json.dumps(dict(answer.headers))
     assert REAL not in seen and REAL[: len(REAL) // 2] not in seen
     assert "*" * len(REAL) in answer.text and answer.headers["x-seen-key"] == "*" * len(REAL)
+
+
+def test_a_turn_cannot_hold_more_connections_than_its_limit(fake: FakeModelServer) -> None:
+    """An agent that opens connections and never sends: past the limit each is answered 503
+    and closed, so the worker's descriptors (shared by its other turns) stay bounded; one
+    that ends frees its place."""
+    turn = open_turn(fake, max_connections=4)
+    assert turn.route.port is not None
+    held = [socket.create_connection(("127.0.0.1", turn.route.port)) for _ in range(4)]
+    try:
+        time.sleep(0.3)  # the four are being served (waiting for their requests)
+        extra = socket.create_connection(("127.0.0.1", turn.route.port))
+        extra.settimeout(5)
+        answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"HARNESS_MODEL_MAX_CONNECTIONS" in answer
+        assert extra.recv(4096) == b""  # closed
+        held.pop().close()
+        time.sleep(0.3)
+        assert turn.post("/chat/completions", chat()).status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+        turn.route.close()

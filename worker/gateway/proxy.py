@@ -88,6 +88,8 @@ class Policy:
     upstream: Upstream
     standins: StandIns
     request_max_bytes: int
+    max_connections: int = 32
+    """Connections the turn may hold open at once; one more is answered 503 and closed."""
     fallback_models: tuple[str, ...] = ()
     fallback_on_429: bool = False
     pins: Mapping[str, str] = field(default_factory=dict)
@@ -105,8 +107,20 @@ class ModelProxy:
 
     def __init__(self, policy: Policy, hooks: Hooks, client: httpx.AsyncClient) -> None:
         self.policy, self.hooks, self.client = policy, hooks, client
+        self.open = 0
+        """Connections being served now."""
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= self.policy.max_connections:
+            await _turn_away(writer, self.policy.max_connections)
+            return
+        self.open += 1
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self.open -= 1
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=READ_BYTES)
         try:
             while True:
@@ -331,6 +345,28 @@ class ModelProxy:
         writer.write(conn.send(h11.Data(data=data)) or b"")
         writer.write(conn.send(h11.EndOfMessage()) or b"")
         await writer.drain()
+
+
+async def _turn_away(writer: asyncio.StreamWriter, limit: int) -> None:
+    """A connection over the turn's limit: 503 at once, closed, nothing read."""
+    body = error_body(
+        Refusal(
+            503,
+            "too_many_connections",
+            f"harness-worker model gateway: this turn holds {limit} connections open already "
+            "(HARNESS_MODEL_MAX_CONNECTIONS)",
+        )
+    )
+    head = (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+    )
+    with contextlib.suppress(Exception):
+        writer.write(head + body)
+        await writer.drain()
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
 
 
 def error_body(refusal: Refusal) -> bytes:

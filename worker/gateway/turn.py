@@ -106,6 +106,7 @@ def serve(
         upstream=plan_.upstream,
         standins=plan_.standins,
         request_max_bytes=settings.model_request_max_bytes,
+        max_connections=settings.model_max_connections,
         fallback_models=tuple(fallback),
         fallback_on_429=settings.fallback_on_429,
         pins=settings.egress_hosts,
