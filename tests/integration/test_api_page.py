@@ -1,8 +1,9 @@
 """The run page in a real headless Chromium (Debian's ``chromium``), driven over the DevTools
 protocol: it streams the turn, shows the pending permission request, a click on Approve
 answers it, and the page sees the turn finish and loads the turn's diff (opened with an
-approve page link: the steer box is there; with a read link it is not). The page's other
-renderings are in test_api_pages_render.py.
+approve page link: the steer box is there; with a read link it is not); a message sent from
+its steer box reaches the running turn, which answers it, and shows as the turn's
+user-message. The page's other renderings are in test_api_pages_render.py.
 
 ``HARNESS_PAGE_SCREENS=DIR`` saves the screenshots there (PNG), else under the test's
 tmp_path."""
@@ -149,7 +150,6 @@ EVENTS = "document.querySelector('#events').innerText"
 def test_the_run_page_streams_the_turn_and_approves_a_request(
     api: ApiProcess,  # noqa: F811
     chromium: str,
-    tmp_path: Path,
 ) -> None:
     import websockets
 
@@ -181,7 +181,6 @@ def test_the_run_page_streams_the_turn_and_approves_a_request(
             assert await page.evaluate("document.querySelector('#steer').hidden") is False
             modes = "[...document.querySelectorAll('#steer-mode option')].map(o => o.value)"
             assert await page.evaluate(modes) == ["queue", "steer", "interrupt"]
-            await page.screenshot(screens(tmp_path) / "run-mid-turn.png")
             await page.evaluate("document.querySelector('button.allow').click()")
             await page.until(f"{EVENTS}.includes('turn complete: page done')")
             await page.until("document.querySelector('#requests').innerText.includes('nothing')")
@@ -231,4 +230,84 @@ def test_a_read_link_shows_no_answers_and_no_steer_box(
                 assert await page.evaluate("document.querySelector('button.allow')") is None
 
         asyncio.run(scenario())
+        http.delete(f"/v1/runs/{run_id}")
+
+
+STEERED = (
+    "@text reading the orders module\n@activity command grep -rn order src/\n"
+    "@usage 300 40 0.0061\n@wait-message 60\n@text taking that into account\n"
+    "@wait-message 60\n@complete steered twice"
+)
+HOSTILE_MESSAGE = '<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script>'
+
+
+def test_a_message_from_the_steer_box_reaches_the_running_turn(
+    api: ApiProcess,  # noqa: F811
+    chromium: str,
+    tmp_path: Path,
+) -> None:
+    """The demo turn waits on its open stdin (``--posture ask``: the stdio-json channel) for
+    a message twice: the page's box sends the first (mode steer) mid-turn, the turn says what
+    it heard and the page shows the user-message while the turn still runs; the second, hostile
+    text, ends it and is shown as text."""
+    import websockets
+
+    with api.client("acme") as http:
+        run_id = start(http, STEERED, posture="ask")
+        url = http.post(f"/v1/runs/{run_id}/links", json={"mode": "approve"}).json()["url"]
+    result = "document.querySelector('#steer-result').innerText"
+
+    async def send(page: Page, text: str) -> str:
+        await page.evaluate(
+            f"document.querySelector('#steer-text').value = {json.dumps(text)};"
+            "document.querySelector('#steer-mode').value = 'steer';"
+            "document.querySelector('#steer-result').textContent = '';"
+            "document.querySelector('#steer-form').requestSubmit()"
+        )
+        await page.until(f"{result}.startsWith('accepted') || {result}.startsWith('refused')")
+        said: str = await page.evaluate(result)
+        return said
+
+    async def scenario() -> dict[str, Any]:
+        async with websockets.connect(chromium, max_size=2**26) as socket:
+            page = Page(socket)
+            await page.open(url)
+            await page.until(f"{EVENTS}.includes('reading the orders module')")
+            await page.until("document.querySelector('#status').innerText.startsWith('running')")
+            seen: dict[str, Any] = {"first": await send(page, "use the v2 client, not v1")}
+            await page.until(f"{EVENTS}.includes('message: use the v2 client, not v1')")
+            await page.until(f"{EVENTS}.includes('taking that into account')")
+            seen["mid"] = await page.evaluate(EVENTS)
+            seen["badge"] = await page.evaluate(
+                "document.querySelector('#turn-1 .badge').innerText"
+            )
+            seen["field"] = await page.evaluate("document.querySelector('#steer-text').value")
+            await page.screenshot(screens(tmp_path) / "run-mid-turn.png")
+            seen["second"] = await send(page, HOSTILE_MESSAGE)
+            await page.until(f"{EVENTS}.includes('turn complete: steered twice')")
+            seen["end"] = await page.evaluate(EVENTS)
+            seen["messages"] = await page.evaluate(
+                "[...document.querySelectorAll('#turn-1 .ev-user-message .quote')]"
+                ".map(q => q.textContent)"
+            )
+            seen["images"] = await page.evaluate("document.querySelectorAll('img').length")
+            seen["pwned"] = await page.evaluate("typeof window.pwned")
+            return seen
+
+    seen = asyncio.run(scenario())
+    # The box said what the API answered: the running turn takes it.
+    assert "accepted (202): sent to turn 1" in seen["first"] and seen["field"] == ""
+    mid = seen["mid"]
+    assert "said (steer, delivered native):" in mid and "use the v2 client, not v1" in mid
+    assert seen["badge"] == "running" and "turn complete" not in mid
+    assert mid.index("said (steer") < mid.index("taking that into account")
+    assert "accepted (202): sent to turn 1" in seen["second"]
+    assert seen["messages"] == ["use the v2 client, not v1", HOSTILE_MESSAGE]
+    assert f"message: {HOSTILE_MESSAGE}" in seen["end"]
+    assert seen["images"] == 0 and seen["pwned"] == "undefined"
+    with api.client("acme") as http:
+        events = http.get(f"/v1/runs/{run_id}/events").json()
+        sent = [e["data"] for e in events if e["type"] == "user-message"]
+        assert [m["text"] for m in sent] == ["use the v2 client, not v1", HOSTILE_MESSAGE]
+        assert {m["mode"] for m in sent} == {"steer"} and sent[0]["by"].startswith("api:acme")
         http.delete(f"/v1/runs/{run_id}")

@@ -1,8 +1,9 @@
 """The pages in a real headless Chromium, against a real ``harness api`` and worker: a run's
 turns each shown as what its events mean (a failed turn with its reason, a parked one,
 hostile text kept as text), every event type of docs/events.md rendered, the runs list with
-its filters opening a run through a page link, and the steer box and a group's attempts
-once their endpoints exist.
+its filters opening a run through a page link, the steer box, a real group of three attempts
+as columns on an attempt's page (its link reads the group) and on the runs list (with the
+key: another attempt opened, the diff of two, a pick), and a real fork's lineage.
 
 ``HARNESS_PAGE_SCREENS=DIR`` saves the screenshots there (PNG), else under tmp_path."""
 
@@ -20,7 +21,7 @@ import pytest
 from adapters.events import EVENT_TYPES
 from bench.worker import IsolatedEnv as Env
 from tests.integration.api_server import ApiProcess, api, api_env, api_worker  # noqa: F401
-from tests.integration.test_api import start, wait_terminal
+from tests.integration.test_api import RUN, start, wait_terminal
 from tests.integration.test_api_page import EVENTS, Page, chromium, screens  # noqa: F401
 from worker.api import links, routes
 
@@ -425,93 +426,177 @@ def test_the_steer_box_sends_a_message_and_says_when_the_run_has_ended(
     assert "409" in refused
 
 
-GROUP = {
-    "group": "g-orders",
-    "picked": 1,
-    "attempts": [
-        {
-            "index": 0,
-            "run_id": "r" + "0" * 24,
-            "harness": "claude-code",
-            "model": "claude-x",
-            "status": "idle",
-            "outcome": "complete",
-            "structured": {"verdict": "fixed"},
-            "diff": {"files": 2, "lines_added": 12, "lines_removed": 3},
-            "input_tokens": 900,
-            "output_tokens": 80,
-            "cost_usd": 0.02,
-            "wall_s": 41.5,
-        },
-        {
-            "index": 1,
-            "run_id": "r" + "1" * 24,
-            "harness": "codex",
-            "model": HOSTILE,
-            "status": "idle",
-            "outcome": "complete",
-            "structured": None,
-            "diff": {"files": 1, "lines_added": 4, "lines_removed": 0},
-            "input_tokens": 700,
-            "output_tokens": 60,
-            "cost_usd": None,
-            "wall_s": 30,
-        },
-        {
-            "index": 2,
-            "run_id": "r" + "2" * 24,
-            "harness": "gemini-cli",
-            "model": None,
-            "status": "failed",
-            "outcome": None,
-            "structured": None,
-            "diff": {"files": 0, "lines_added": 0, "lines_removed": 0},
-            "input_tokens": 0,
-            "output_tokens": 0,
-            "cost_usd": None,
-            "wall_s": None,
-        },
-    ],
-}
+# Each attempt writes answer.txt with a line of its own (after markup that must stay text).
+ATTEMPT = (
+    "@text writing answer.txt\n"
+    "@run python3 -c open('answer.txt','w').write('<img/src=x/onerror=window.pwned=3>'"
+    "+__import__('uuid').uuid4().hex[:8]+'\\n')\n"
+    "@usage 120 30 0.004\n@complete wrote answer.txt"
+)
+COLUMNS = "[...document.querySelectorAll('#attempts .attempt')]"
 
 
-def test_a_groups_attempts_are_shown_side_by_side(
+def test_a_real_group_is_shown_as_columns_diffed_and_picked(
     api: ApiProcess,  # noqa: F811
     chromium: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """The attempts' columns from an answer of GET /v1/groups/{group}'s shape (the page's
-    renderer; the endpoint itself is another change's)."""
+    """Three attempts of the demo harness started with ``POST /v1/runs`` (attempts 3): the
+    first one's page (a read link) shows the group as columns and opens another attempt
+    through the runs list (with the key); the runs list shows the diff of two as text and
+    picks one (the others are ended); a fork of the picked one names its parent."""
+    key = api.add_tenant("grouper")
+    with api.client("grouper") as http:
+        made = http.post("/v1/runs", json={**RUN, "input": ATTEMPT, "attempts": 3})
+        assert made.status_code == 201, made.text
+        group, runs = made.json()["group"], made.json()["runs"]
+        assert len(runs) == 3 and made.json()["run_id"] == runs[0]
+        for run_id in runs:
+            assert wait_terminal(http, run_id, 1)["type"] == "turn-complete"
+        url = open_link(http, runs[0], "read")
 
     async def scenario(page: Page) -> dict[str, Any]:
-        await page.open(f"{api.url}/runs")
-        await page.until("typeof H === 'object' && typeof H.renderGroup === 'function'")
-        await page.evaluate(
-            "document.querySelector('#group').hidden = false;"
-            f"document.querySelector('#group-name').textContent = {json.dumps(GROUP['group'])};"
-            f"H.renderGroup(document.querySelector('#attempts'), {json.dumps(GROUP)},"
-            " { open: () => {} })"
-        )
+        await page.open(url)
+        done = f"{COLUMNS}.filter(c => c.innerText.includes('wrote answer.txt')).length === 3"
+        await page.until(f"{COLUMNS}.length === 3 && {done}")
+        await page.until(f"{EVENTS}.includes('turn complete: wrote answer.txt')")
         await page.screenshot(screens(tmp_path) / "group-attempts.png")
-        columns = "[...document.querySelectorAll('#attempts .attempt')]"
-        return {
-            "columns": await page.evaluate(f"{columns}.map(c => c.innerText)"),
-            "picked": await page.evaluate(f"{columns}.map(c => c.classList.contains('picked'))"),
-            "images": await page.evaluate("document.querySelectorAll('img').length"),
-            "structured": await page.evaluate(
-                "document.querySelector('#attempts .structured pre').textContent"
+        seen: dict[str, Any] = {
+            "columns": await page.evaluate(f"{COLUMNS}.map(c => c.innerText)"),
+            "runs": await page.evaluate(f"{COLUMNS}.map(c => c.dataset.run)"),
+            "current": await page.evaluate(f"{COLUMNS}.map(c => c.classList.contains('current'))"),
+            "opens": await page.evaluate(
+                f"{COLUMNS}.map(c => c.querySelector('a.open-attempt')?.getAttribute('href'))"
             ),
+            "picks": await page.evaluate(
+                "document.querySelectorAll('#attempts button.pick').length"
+            ),
+            "facts": await page.evaluate("document.querySelector('#facts').innerText"),
         }
+        # Another attempt opens through the runs list: the key, then a link made for it.
+        await page.evaluate(f"{COLUMNS}[1].querySelector('a.open-attempt').click()")
+        await page.until("location.pathname === '/runs'")
+        await page.until("document.querySelector('#list-status').innerText.includes('to open')")
+        await page.evaluate(
+            f"document.querySelector('#key').value = {json.dumps(key)};"
+            "document.querySelector('#key-form').requestSubmit()"
+        )
+        await page.until(f"location.pathname === '/runs/{runs[1]}'")
+        await page.until("document.querySelector('#facts').innerText.includes('attempt 2')")
+        await page.until(f"{COLUMNS}.length === 3")
+        seen["second"] = await page.evaluate(f"{COLUMNS}.map(c => c.classList.contains('current'))")
+        seen["second_href"] = await page.evaluate("location.href")
+        # The runs list with the key: the diff of two, then a pick.
+        await page.open(f"{api.url}/runs#group={group}")
+        await page.until(f"{COLUMNS}.length === 3 && document.querySelector('#diff-form')")
+        await page.evaluate(
+            "document.querySelector('#diff-a').value = '1';"
+            "document.querySelector('#diff-b').value = '3';"
+            "document.querySelector('#diff-form').requestSubmit()"
+        )
+        diff = "document.querySelector('#group-diff')"
+        await page.until(f"!{diff}.hidden && {diff}.innerText.includes('answer.txt')")
+        seen["diff"] = await page.evaluate(f"{diff}.textContent")
+        seen["diff_lines"] = await page.evaluate(
+            f"[...{diff}.querySelectorAll('span.plus, span.minus')].map(s => s.textContent)"
+        )
+        pick = f"{COLUMNS}[1].querySelector('button.pick')"
+        await page.evaluate(f"{pick}.click()")
+        await page.screenshot(screens(tmp_path) / "group-diff-and-pick.png")
+        seen["confirm"] = await page.evaluate(f"{pick}.innerText")
+        seen["picked_early"] = http_picked(api, group)
+        await page.evaluate(f"{pick}.click()")
+        state = "document.querySelector('#group-state').innerText"
+        await page.until(f"{state}.startsWith('picked attempt 2')")
+        await page.until(f"{COLUMNS}.length === 3 && {COLUMNS}[1].classList.contains('picked')")
+        seen["state"] = await page.evaluate(state)
+        seen["picked"] = await page.evaluate(f"{COLUMNS}.map(c => c.classList.contains('picked'))")
+        seen["picks_after"] = await page.evaluate(
+            "document.querySelectorAll('#attempts button.pick').length"
+        )
+        seen["images"] = await page.evaluate("document.querySelectorAll('img').length")
+        seen["pwned"] = await page.evaluate("typeof window.pwned")
+        seen["list_href"] = await page.evaluate("location.href")
+        return seen
 
     seen = asyncio.run(browse(chromium, scenario))
-    first, second, third = seen["columns"]
-    assert seen["picked"] == [False, True, False]
-    assert "attempt 0" in first and "claude-code" in first and "claude-x" in first
-    assert "2 files, +12 / -3 lines" in first and "900 in / 80 out" in first
-    assert "$0.0200" in first and "42 s" in first
-    assert '"verdict": "fixed"' in seen["structured"]
-    assert "picked" in second and HOSTILE in second and "not priced" in second
-    assert "failed" in third and "not reported" in third and "none yet" in third
-    assert seen["images"] == 0
-    for text in seen["columns"]:
-        assert "undefined" not in text and "null" not in text and "NaN" not in text
+    assert seen["runs"] == runs and seen["current"] == [True, False, False]
+    assert seen["picks"] == 0  # a page link cannot pick
+    assert f"group\n{group} · attempt 1" in seen["facts"]
+    for n, text in enumerate(seen["columns"], 1):
+        assert f"attempt {n} complete" in text and runs[n - 1] in text
+        assert "stdio-json" in text and "demo-1" in text and "wrote answer.txt" in text
+        assert "1 file, +1 / -0 lines" in text and "120 in / 30 out" in text
+        assert "$0.0040" in text
+        for word in ("undefined", "null", "NaN", "[object Object]"):
+            assert word not in text
+    assert "this run" in seen["columns"][0]
+    assert seen["opens"][0] is None
+    assert seen["opens"][1] == f"/runs#open={runs[1]}&mode=read&group={group}"
+    assert seen["second"] == [False, True, False]
+    assert key not in seen["second_href"] and "link=" not in seen["second_href"]
+    # The diff of attempts 1 and 3: each one's line, shown as the text it is.
+    assert "answer.txt" in seen["diff"]
+    marked = [line for line in seen["diff_lines"] if "<img/src=x/onerror=window.pwned=3>" in line]
+    assert [line[0] for line in marked] == ["-", "+"]
+    assert seen["images"] == 0 and seen["pwned"] == "undefined"
+    # The pick asked to be confirmed, and only the second click picked.
+    assert seen["confirm"] == "pick attempt 2: end the others?" and seen["picked_early"] is None
+    assert runs[0] in seen["state"] and runs[2] in seen["state"]
+    assert seen["picked"] == [False, True, False] and seen["picks_after"] == 0
+    assert key not in seen["list_href"]
+    with api.client("grouper") as http:
+        assert http.get(f"/v1/groups/{group}").json()["picked"] == 2
+        for run_id in (runs[0], runs[2]):
+            assert http.delete(f"/v1/runs/{run_id}").json()["status"] == "ended"
+
+
+def http_picked(api: ApiProcess, group: str) -> Any:  # noqa: F811
+    with api.client("grouper") as http:
+        return http.get(f"/v1/groups/{group}").json()["picked"]
+
+
+def test_a_real_fork_names_its_parent(
+    api: ApiProcess,  # noqa: F811
+    chromium: str,  # noqa: F811
+) -> None:
+    """A real fork (``POST /v1/runs/{id}/fork``) of a two-turn run at its turn 1: the fork's
+    page and its row on the runs list say which run and turn it was forked from."""
+    key = api.keys["acme"]
+    with api.client("acme") as http:
+        parent = start(http, "hello")  # plain turns: the fork's replay holds no script line
+        wait_terminal(http, parent, 1)
+        assert http.post(f"/v1/runs/{parent}/turns", json={"input": "and again"}).status_code == 202
+        wait_terminal(http, parent, 2)
+        forked = http.post(
+            f"/v1/runs/{parent}/fork", json={"input": "@complete forked on", "at_turn": 1}
+        )
+        assert forked.status_code == 201, forked.text
+        fork = forked.json()["run_id"]
+        assert wait_terminal(http, fork, 1)["type"] == "turn-complete"
+        record = http.get(f"/v1/runs/{fork}").json()
+        assert record["forked_from"] == parent and record["forked_at_turn"] == 1
+        url = open_link(http, fork)
+
+    async def scenario(page: Page) -> dict[str, str]:
+        await page.open(url)
+        await page.until(f"{EVENTS}.includes('turn complete: forked on')")
+        await page.until("document.querySelector('#facts').innerText.includes('forked from')")
+        facts: str = await page.evaluate("document.querySelector('#facts').innerText")
+        await page.open(f"{api.url}/runs")
+        await page.until("document.querySelector('#list-status').innerText.includes('key')")
+        await page.evaluate(
+            f"document.querySelector('#key').value = {json.dumps(key)};"
+            "document.querySelector('#key-form').requestSubmit()"
+        )
+        row = f"document.querySelector('#rows tr[data-run=\"{fork}\"]')"
+        await page.until(f"{row} !== null")
+        listed: str = await page.evaluate(f"{row}.innerText")
+        return {"facts": facts, "listed": listed}
+
+    seen = asyncio.run(browse(chromium, scenario))
+    assert "forked from" in seen["facts"] and f"{parent} at turn 1" in seen["facts"]
+    assert f"forked from {parent} at turn 1" in seen["listed"]
+    with api.client("acme") as http:
+        for run_id in (parent, fork):
+            http.delete(f"/v1/runs/{run_id}")
