@@ -8,12 +8,14 @@ The run page opens with a page link (``POST /v1/runs/{id}/links``: ``/runs/ID#li
 &mode=MODE``). Its script reads the token from the URL fragment (a fragment never reaches a
 server or a log), keeps it for the tab (``sessionStorage``), takes it out of the address bar
 and sends it only in the Authorization header: the record, the event stream (through
-``fetch``: an ``EventSource`` cannot send that header), the pending requests, a turn's diff
-and, with an ``approve`` link, the answers and the steer box. The token opens that run alone
-(worker/api/links.py); the run page never asks for an API key.
+``fetch``: an ``EventSource`` cannot send that header), the pending requests, a turn's diff,
+the attempts of the run's group and, with an ``approve`` link, the answers and the steer
+box. The token opens that run alone (and its own group: worker/api/links.py); the run page
+never asks for an API key.
 
 The runs list asks for the tenant's API key, keeps it for the tab and sends it only in the
-Authorization header (never in an address); it opens a run by making a page link for it.
+Authorization header (never in an address); it opens a run by making a page link for it,
+and shows a group's attempts with their pick and the diff of two.
 """
 
 from __future__ import annotations
