@@ -24,10 +24,11 @@ from pydantic_core import PydanticSerializationError
 
 ActivityKind = Literal["command", "file", "tool", "network", "model", "other"]
 """``model``: what the model gateway did with a model request (a fallback, a refusal)."""
-UsageSource = Literal["harness", "replay", "gateway"]
+UsageSource = Literal["harness", "replay", "gateway", "grader"]
 """``harness``: what the CLI reported; ``replay``: a transcript replayed into a fresh session
 (estimated); ``gateway``: the model API's own count of one request, read at the model gateway
-(beside the harness's, never added to it)."""
+(beside the harness's, never added to it); ``grader``: what the run's outcome grader spent
+judging the turn (a run of its own, counted in this run's totals and budget)."""
 ErrorReason = Literal[
     "rate-limited",
     "quota",
@@ -321,6 +322,21 @@ class UserMessage(_Event):
     message_id: str
 
 
+class OutcomeEvaluation(_Event):
+    """Not terminal: the run's grader judged this turn's result against its ``--outcome``
+    rubric (iteration ``iteration`` of at most ``--max-iterations``). ``grader_run_id`` is the
+    grader's own run; its spend is also this turn's ``usage`` of source ``grader``."""
+
+    type: Literal["outcome-evaluation"] = "outcome-evaluation"
+    iteration: int
+    satisfied: bool
+    feedback: str
+    grader_run_id: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+
+
 class TurnComplete(_Event):
     type: Literal["turn-complete"] = "turn-complete"
     text: str
@@ -376,6 +392,7 @@ Event = Annotated[
     | Usage
     | Parked
     | UserMessage
+    | OutcomeEvaluation
     | TurnComplete
     | SessionError,
     Field(discriminator="type"),
@@ -394,6 +411,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "usage",
     "parked",
     "user-message",
+    "outcome-evaluation",
     "turn-complete",
     "session-error",
 )

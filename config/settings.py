@@ -245,6 +245,9 @@ class Settings(BaseSettings):
     # Turns
     turn_timeout_s: float = Field(1800.0, gt=0)
     idle_timeout_s: float = Field(600.0, gt=0)
+    grader_timeout_s: float = Field(600.0, gt=0)
+    """The longest a run's outcome grader (``--outcome``) may take to judge one turn: its
+    turn's timeout (worker/outcomes/)."""
     exit_grace_s: float = Field(2.0, ge=0)
     """After the harness's final message, how long it may take to exit before it is killed."""
     kill_grace_s: float = Field(1.0, ge=0)

@@ -66,7 +66,16 @@ class TurnDeps:
     """Per sandbox backend, the queue of the place this worker's sandboxes live."""
     send_turn: SendTurn = dataclasses.field(default=lambda payload, queue, countdown: _no_broker())
     """How a turn is sent to the broker: ``worker.app.turn_sender`` of the worker's app."""
+    end_run: Callable[[TurnDeps, str], bool] = dataclasses.field(
+        default=lambda deps, run_id: _no_end_run()
+    )
+    """How a run is torn down (record ended, sandbox removed): ``worker.fleet.lifecycle.end_run``,
+    for the runs a turn starts of its own (an outcome's grader: worker/outcomes/)."""
 
 
 def _no_broker() -> None:
     raise RuntimeError("this process has no broker to send a turn to (TurnDeps.send_turn)")
+
+
+def _no_end_run() -> bool:
+    raise RuntimeError("this process cannot end a run (TurnDeps.end_run)")

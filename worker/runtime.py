@@ -14,6 +14,7 @@ from config import Settings, get_settings
 from sandbox.base import Sandbox, SandboxError
 from worker.app import turn_sender
 from worker.deps import Shutdown, TurnDeps
+from worker.fleet.lifecycle import end_run
 from worker.options.policy import bridge_config, egress_config
 from worker.store.keys import Keys
 from worker.store.records import RunStore
@@ -66,6 +67,7 @@ def deps() -> TurnDeps:
         worker_id=f"{socket.gethostname()}:{os.getpid()}",
         shutdown=Shutdown(settings.shutdown_grace_s),
         send_turn=turn_sender(worker_app()),
+        end_run=end_run,
     )
 
 

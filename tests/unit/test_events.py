@@ -120,6 +120,15 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
         "delivery": STRING,
         "message_id": STRING,
     },
+    "outcome-evaluation": {  # docs/events.md, "Outcomes"
+        "iteration": INT,
+        "satisfied": BOOL,
+        "feedback": STRING,
+        "grader_run_id": OPT_STRING,
+        "input_tokens": INT,
+        "output_tokens": INT,
+        "cost_usd": OPT_NUMBER,
+    },
     "turn-complete": {
         "text": STRING,
         "session_id": OPT_STRING,
@@ -143,7 +152,7 @@ CONTRACT_EVENTS: dict[str, dict[str, set[str]]] = {
 
 CONTRACT_ENUMS: dict[tuple[str, str], set[str]] = {
     ("sandbox-activity", "kind"): {"command", "file", "tool", "network", "model", "other"},
-    ("usage", "source"): {"harness", "replay", "gateway"},
+    ("usage", "source"): {"harness", "replay", "gateway", "grader"},
     ("permission-decision", "decision"): {"allow", "deny"},
     ("permission-decision", "scope"): {"once", "always"},
     ("session-error", "reason"): {

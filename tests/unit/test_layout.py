@@ -349,6 +349,7 @@ WORKER_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"tools"}),  # the run's MCP endpoint and what stands behind it
     frozenset({"gateway"}),  # the model gateway: a turn's model requests, the keys kept out
     frozenset({"control"}),  # a person's messages to a run, and the attempts of one seed
+    frozenset({"outcomes"}),  # a run graded against its rubric after each turn
     frozenset({"turn"}),  # one turn, from its claim to its end
     frozenset({"fleet"}),  # hosts, host queues, the reaper, the end of a run
     frozenset({"app_names", "broker"}),  # the Celery layer: task names, the broker transport,

@@ -19,6 +19,7 @@ from adapters import HARNESS_IDS
 from config import SettingsError
 from worker.cli import attach as cli_attach
 from worker.cli import control as cli_control
+from worker.cli import outcome as cli_outcome
 from worker.cli import permissions as cli_permissions
 from worker.cli import spend as cli_spend
 from worker.cli import tenant as cli_tenant
@@ -267,6 +268,7 @@ def _add_run(command: Command) -> None:
     cli_spend.add_run_options(run, OPERATOR_BOUND)
     cli_tenant.add_run_options(run)
     cli_tools.add_run_options(run)
+    cli_outcome.add_run_options(run)
     _add_idempotency_key(run, "run id")
     _add_follow(run)
     _add_json(run, "one JSON object per line: {run_id, turn}, then the events")
@@ -577,6 +579,7 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         **cli_spend.run_options(args),
         **cli_tenant.run_options(args),
         **cli_tools.run_options(args),
+        **cli_outcome.run_options(args),
     )
     if args.attempts is not None:
         return _run_attempts(args, session, prompt, options)

@@ -465,6 +465,19 @@ class Renderer:
         line.append(one_line(str(data.get("text") or ""), VALUE_LIMIT))
         self._print(line)
 
+    def _outcome_evaluation(self, event: Any, view: TurnView) -> None:
+        data = event.data
+        met = bool(data.get("satisfied"))
+        head = f"  {'✓' if met else '✗'} outcome, iteration {data.get('iteration')}: "
+        line = Text(
+            head + ("satisfied" if met else "not satisfied"),
+            style="bold green" if met else "bold yellow",
+        )
+        feedback = one_line(str(data.get("feedback") or ""), VALUE_LIMIT)
+        if feedback:
+            line.append(f" · {feedback}", style="")
+        self._print(line)
+
     def summary(self, record: dict[str, Any], terminal: Any) -> None:
         """After ``--follow``: the run's state and totals, on one line."""
         if self.json:
@@ -755,6 +768,7 @@ _EVENT_VIEWS: dict[str, Callable[[Renderer, Any, TurnView], None]] = {
     "workspace": Renderer._workspace,
     "parked": Renderer._parked,
     "user-message": Renderer._user_message,
+    "outcome-evaluation": Renderer._outcome_evaluation,
     **dict.fromkeys(TERMINAL_TYPES, Renderer._terminal),
 }
 """How a person sees each event type (JSON output prints them all alike)."""

@@ -103,6 +103,10 @@ MAX_FALLBACK_MODELS = 8
 """At most this many ``--fallback-model`` names (each a request the gateway may send again)."""
 MAX_RULES = 100
 """At most this many ``--allow`` patterns, and as many ``--deny``."""
+OUTCOME_MAX_CHARS = 64 * 1024
+"""The longest ``--outcome`` rubric: it is part of every grader turn's input."""
+MAX_ITERATIONS = 50
+"""The most turns one outcome may be graded over (``--max-iterations``)."""
 BUDGET_MAXIMA: dict[str, int] = {
     "max_cost_usd": 1_000_000,
     "max_tokens": 10**12,
@@ -176,6 +180,16 @@ class RunOptions(BaseModel):
     output_schema: dict[str, Any] | None = None
     """A JSON Schema every turn's final answer must meet (a turn may give its own): the
     answer's JSON value is ``turn-complete``'s ``structured``."""
+    outcome: str | None = Field(None, min_length=1, max_length=OUTCOME_MAX_CHARS)
+    """A rubric the run's result must meet (``--outcome``): after each completed turn a
+    grader judges it, and its feedback is the next turn's input until it is met or
+    ``max_iterations`` turns were graded (worker/outcomes/)."""
+    max_iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)
+    """The most turns graded against ``outcome`` (None: 3)."""
+    grader: str | None = None
+    """The harness of the outcome's grader (None: the run's own)."""
+    grader_model: str | None = Field(None, max_length=200)
+    """The grader's model (None: the run's own when the grader is the run's harness)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -201,21 +215,21 @@ class RunOptions(BaseModel):
             return value
         return _valid_schema(value)
 
-    @field_validator("harness")
+    @field_validator("harness", "grader")
     @classmethod
-    def _known_harness(cls, value: str) -> str:
-        if value not in HARNESS_IDS:
+    def _known_harness(cls, value: str | None) -> str | None:
+        if value is not None and value not in HARNESS_IDS:
             raise ValueError(f"unknown harness {shown(value)}; known: {', '.join(HARNESS_IDS)}")
         return value
 
-    @field_validator("model", "system_prompt", "executable", "base_url")
+    @field_validator("model", "system_prompt", "executable", "base_url", "outcome")
     @classmethod
     def _no_control(cls, value: str | None) -> str | None:
         if value is not None and "\x00" in value:
             raise ValueError("must not contain NUL characters")
         return value
 
-    @field_validator("model")
+    @field_validator("model", "grader_model")
     @classmethod
     def _model_name(cls, value: str | None) -> str | None:
         if value is not None and (
@@ -344,6 +358,16 @@ class RunOptions(BaseModel):
             raise ValueError("--ref needs --repo")
         if self.push_branch and not self.repo:
             raise ValueError("--push-branch needs --repo (it pushes to the seed repository)")
+        return self
+
+    @model_validator(mode="after")
+    def _graded(self) -> RunOptions:
+        if self.outcome is None and (
+            self.max_iterations is not None or self.grader or self.grader_model
+        ):
+            raise ValueError("--max-iterations, --grader and --grader-model need --outcome")
+        if self.outcome is not None and not self.outcome.strip():
+            raise ValueError("outcome: an empty rubric")
         return self
 
     @field_validator("executable")

@@ -46,6 +46,9 @@ CONTRACT_FIELDS = (
     "last_error",
 )
 
+OutcomeState = Literal["in-progress", "satisfied", "unsatisfied", "max-iterations"]
+"""Where a run with ``--outcome`` stands against its rubric (:attr:`RunRecord.outcome`)."""
+
 LONG_FIELDS = frozenset({"options", "warnings", "budget", "slot_wait"})
 """Fields kept out of the run's record, in one JSON object (``Keys.run_long``, a string: each
 field's name to its value): JSON that runs past 64 bytes (the options ~500), written at the
@@ -145,6 +148,12 @@ class RunRecord(BaseModel):
     """The group of attempts this run is one of (``--attempts N``), number :attr:`attempt`
     (1-based)."""
     attempt: int | None = None
+    outcome: OutcomeState | None = None
+    """With ``--outcome``: where the run stands against its rubric (``in-progress`` until a
+    grader is satisfied, ``satisfied``, ``unsatisfied`` when a budget stops the loop first,
+    ``max-iterations``); None without one (worker/outcomes/)."""
+    outcome_iterations: int = 0
+    """The run's turns its outcome's grader has judged."""
 
     @classmethod
     def decode(cls, raw: Mapping[str, str]) -> RunRecord:
@@ -200,6 +209,8 @@ class RecordChanges(TypedDict, total=False):
     forked_at_turn: int | None
     group: str | None
     attempt: int | None
+    outcome: OutcomeState | None
+    outcome_iterations: int
 
 
 class Lineage(TypedDict, total=False):
@@ -355,6 +366,7 @@ class RunStore:
             tenant=tenant,
             webhook_url=webhook_url,
             warnings=warnings or None,
+            outcome="in-progress" if options.outcome else None,
             **(lineage or {}),
         )
         fields, long = _split(record.encode())

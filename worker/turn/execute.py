@@ -65,6 +65,7 @@ from worker.options.policy import (
     resolve_secrets,
 )
 from worker.options.spec import RunOptions, TurnPayload
+from worker.outcomes import loop as outcomes
 from worker.permissions import requests as permissions
 from worker.spend import budgets, parking, slots
 from worker.store import credentials, queued
@@ -679,6 +680,14 @@ class _TurnRun:
             out.send([change])
             if change.snapshot:
                 self.life.changes["snapshot"] = change.snapshot
+        guard, graded = self.guard, RecordChanges()
+        if isinstance(terminal, TurnComplete) and outcomes.graded(record):
+            graded = outcomes.evaluate(
+                outcomes.GradedTurn(deps, record, turn, terminal.text, work, out.send,
+                                    out.publisher.masker.mask,
+                                    lambda: guard.next_turn_refusal(out.usage)),
+                run_turn=execute_turn,
+            )  # fmt: skip
         final_text = terminal.text if isinstance(terminal, TurnComplete) else None
         refused_next = self.guard.next_turn_refusal(out.usage) is not None
         with tracing.span("park") as park_span:
@@ -690,6 +699,7 @@ class _TurnRun:
             self._carry_attachments(work, parked.next_turn)
             out.send([parked.event])  # before the terminal: the turn's retry is scheduled
         spend = self.guard.changes()
+        spend.update(graded)
         if self.wire is not None:
             spend.update(gateway_turn.record_changes(record, self.wire, out.publisher.masker))
         if not out.sessions and driver.state.session_id:
@@ -956,7 +966,7 @@ def _close(
             changes["session_id"] = mask(terminal.session_id)
         if terminal.model:
             changes["model_reported"] = mask(terminal.model)
-        changes["last_error"] = None
+        changes.setdefault("last_error", None)  # an outcome's grader may have set one
     elif isinstance(terminal, SessionError):
         changes["last_error"] = mask(f"{terminal.reason}: {terminal.error}")
     # The transcript is replayed into a fresh session later: keep granted values out of it.
