@@ -183,3 +183,42 @@ def test_a_cut_diff_says_so(world: World, tmp_path: Path) -> None:
     cut = grading.workspace_diff(work, 1, max_bytes=1000)
     assert cut.endswith("[... the diff was cut here at 1000 bytes ...]\n")
     assert "the diff was cut" not in grading.workspace_diff(work, 1)
+
+
+def test_the_options_need_an_outcome_and_stay_in_bounds() -> None:
+    from worker.errors import InvalidInput
+    from worker.options.spec import parse_options
+
+    assert parse_options(harness="codex", outcome="met", max_iterations=50).max_iterations == 50
+    for bad in (
+        {"max_iterations": 2},
+        {"grader": "codex"},
+        {"outcome": "met", "max_iterations": 51},
+        {"outcome": "met", "max_iterations": 0},
+        {"outcome": "met", "grader": "nope"},
+        {"outcome": "  "},
+    ):
+        with pytest.raises(InvalidInput):
+            parse_options(harness="codex", **bad)
+
+
+def test_the_api_body_and_the_command_line_take_them(tmp_path: Path) -> None:
+    from worker.api.schemas import RunCreate
+    from worker.cli import outcome as cli_outcome
+    from worker.cli.main import build_parser
+
+    body = RunCreate.model_validate(
+        {"harness": "codex", "input": "x", "outcome": "met", "max_iterations": 4,
+         "grader": "claude-code", "grader_model": "m"}
+    )  # fmt: skip
+    assert body.model_dump(exclude_none=True)["max_iterations"] == 4
+    rubric = tmp_path / "rubric.md"
+    rubric.write_text("all tests pass\n")
+    args = build_parser().parse_args(
+        ["run", "codex", "go", "--outcome", f"@{rubric}", "--max-iterations", "4",
+         "--grader", "claude-code", "--grader-model", "m"]
+    )  # fmt: skip
+    assert cli_outcome.run_options(args) == {
+        "outcome": "all tests pass\n", "max_iterations": 4, "grader": "claude-code",
+        "grader_model": "m",
+    }  # fmt: skip
