@@ -212,7 +212,7 @@ def test_the_api_body_and_the_command_line_take_them(tmp_path: Path) -> None:
          "grader": "claude-code", "grader_model": "m"}
     )  # fmt: skip
     assert body.model_dump(exclude_none=True)["max_iterations"] == 4
-    rubric = tmp_path / "rubric.md"
+    rubric = tmp_path / "rubric.txt"
     rubric.write_text("all tests pass\n")
     args = build_parser().parse_args(
         ["run", "codex", "go", "--outcome", f"@{rubric}", "--max-iterations", "4",
