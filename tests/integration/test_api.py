@@ -265,6 +265,11 @@ def test_every_route_is_in_openapi_with_its_errors(api: ApiProcess) -> None:  # 
         ("patch", "/v1/runs/{run_id}/budget"),
         ("post", "/v1/runs/{run_id}/links"),
         ("delete", "/v1/runs/{run_id}/links/{link_id}"),
+        ("post", "/v1/runs/{run_id}/messages"),
+        ("post", "/v1/runs/{run_id}/fork"),
+        ("get", "/v1/groups/{group}"),
+        ("get", "/v1/groups/{group}/diff"),
+        ("post", "/v1/groups/{group}/pick"),
         ("get", "/v1/healthz"),
     }
     found = {(m, p) for p, ops in spec["paths"].items() for m in ops}
@@ -273,7 +278,7 @@ def test_every_route_is_in_openapi_with_its_errors(api: ApiProcess) -> None:  # 
         responses = spec["paths"][path][method]["responses"]
         for status in ("401", "422", "429"):
             assert status in responses, (method, path, status)
-        if "{run_id}" in path:
+        if "{run_id}" in path or "{group}" in path:
             assert "404" in responses, (method, path)
     run_fields = spec["components"]["schemas"]["RunCreate"]["properties"]
     assert {"harness", "input", "labels", "webhook_url", "posture", "max_cost_usd"} <= set(
