@@ -121,5 +121,9 @@ def test_a_fork_and_attempts_stay_within_the_tenants_policy(api: ApiProcess) -> 
             "/v1/runs", json={**RUN, "harness": "stdio-json,codex", "input": "x", "attempts": 2}
         )
         assert spread.status_code == 400 and "tenant strict" in spread.json()["error"]["message"]
+        graded = http.post(
+            "/v1/runs", json={**RUN, "input": "x", "outcome": "tests pass", "grader": "codex"}
+        )
+        assert graded.status_code == 400 and "grader harness" in graded.json()["error"]["message"]
         listed = http.get("/v1/runs").json()["runs"]
         assert [r["run_id"] for r in listed] == [run_id]  # nothing half-made

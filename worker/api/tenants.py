@@ -252,14 +252,17 @@ def _within(value: str, allowed: tuple[str, ...] | None) -> bool:
     return allowed is None or "*" in allowed or value in allowed
 
 
-def apply_policy(
+def _check_places(
     tenant: Tenant, harness: str, options: dict[str, Any], settings: Settings
-) -> dict[str, Any]:
-    """``options`` (those of ``start_run``) checked against the tenant's policy, with its
-    budget ceilings filled in where the run names no budget. InvalidInput names the rule."""
+) -> None:
+    """What the run would run and reach: its harness (and its outcome's grader's), image,
+    network, grants, tools, servers and base URL, each within the tenant's policy."""
     policy = tenant.policy
     if not _within(harness, policy.harnesses):
         raise _refuse(f"harness {harness!r}", tenant)
+    grader = options.get("grader")
+    if grader is not None and not (isinstance(grader, str) and _within(grader, policy.harnesses)):
+        raise _refuse(f"grader harness {grader!r}", tenant)
     image = options.get("image") or settings.image_for(harness)
     if policy.images is not None and not (image and _within(image, policy.images)):
         raise _refuse(f"image {image!r}", tenant)
@@ -273,6 +276,15 @@ def apply_policy(
     base_url = options.get("base_url")
     if policy.base_urls is not None and isinstance(base_url, str):
         check_base_url(base_url, policy.base_urls, f"tenant {tenant.name}'s policy base_urls")
+
+
+def apply_policy(
+    tenant: Tenant, harness: str, options: dict[str, Any], settings: Settings
+) -> dict[str, Any]:
+    """``options`` (those of ``start_run``) checked against the tenant's policy, with its
+    budget ceilings filled in where the run names no budget. InvalidInput names the rule."""
+    policy = tenant.policy
+    _check_places(tenant, harness, options, settings)
     result = dict(options)
     fallback = (policy.fallback_models or {}).get(harness)
     if fallback and not options.get("fallback_models"):
