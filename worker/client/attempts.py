@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from config import Settings
 from worker.client.reading import StreamEvent
 from worker.client.workspace import WorkspaceRequests
 from worker.errors import AnswerRefused, GroupNotFound, InvalidInput
+from worker.options.policy import grants_for
 from worker.store.keys import Keys, SyncRedis
 from worker.store.records import RunStore
 
@@ -58,11 +60,32 @@ def spread(value: str | list[str] | tuple[str, ...] | None, count: int) -> list[
     return [items[i % len(items)] for i in range(count)]
 
 
+def per_harness_grants(harnesses: list[str], grants: object, settings: Settings) -> dict[str, Any]:
+    """The grants each harness of a group gets: all of them for a group of one harness (a
+    refused one is refused as for a run), else those the operator allows each harness, so
+    that ``--grant ANTHROPIC_API_KEY --grant OPENAI_API_KEY`` over claude-code and codex
+    gives each CLI its own key. A grant no harness of the group may take is refused."""
+    names = set(harnesses)
+    if grants is None or len(names) == 1:
+        return dict.fromkeys(names, grants)
+    if not isinstance(grants, list | tuple) or not all(isinstance(g, str) for g in grants):
+        raise InvalidInput("invalid request: grants: expected a list of strings")
+    given = {name: grants_for(name, grants, settings) for name in names}
+    unused = set(grants) - {g for kept in given.values() for g in kept}
+    if unused:
+        raise InvalidInput(
+            f"grant {sorted(unused)[0]!r} is allowed for none of {', '.join(sorted(given))} "
+            "(operator policy HARNESS_GRANTS)"
+        )
+    return dict(given)
+
+
 class Attempts:
     """Groups of attempts, for :class:`worker.client.harness.HarnessClient`."""
 
     def __init__(
         self,
+        settings: Settings,
         client: SyncRedis,
         keys: Keys,
         store: RunStore,
@@ -72,6 +95,7 @@ class Attempts:
         end_run: EndRun,
         retention_s: int,
     ) -> None:
+        self.settings = settings
         self.client, self.keys, self.store, self.workspace = client, keys, store, workspace
         self._create, self._events, self._end = create_run, read_events, end_run
         self.retention_s = retention_s
@@ -95,6 +119,8 @@ class Attempts:
         if not 1 <= attempts <= MAX_ATTEMPTS:
             raise InvalidInput(f"attempts: 1 to {MAX_ATTEMPTS}, not {attempts}")
         harnesses, models = spread(harness, attempts), spread(model, attempts)
+        names = [name or "" for name in harnesses]
+        grants = per_harness_grants(names, options.pop("grants", None), self.settings)
         group = GROUP_ID_PREFIX + secrets.token_hex(12)
         key = self.keys.group(group)
         self.client.hset(
@@ -109,12 +135,12 @@ class Attempts:
         self.client.expire(key, self.retention_s)
         runs: list[str] = []
         try:
-            for number, (name, chosen) in enumerate(zip(harnesses, models, strict=True), 1):
-                assert name is not None
+            for number, (name, chosen) in enumerate(zip(names, models, strict=True), 1):
                 run_id = self._create(
                     name,
                     input,
                     model=chosen,
+                    grants=grants.get(name),
                     labels={**(labels or {}), "group": group},
                     lineage={"group": group, "attempt": number},
                     **options,

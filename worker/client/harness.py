@@ -105,6 +105,7 @@ class HarnessClient:
             self.settings.retention_s,
         )  # fmt: skip
         self._attempts = Attempts(
+            self.settings,
             self.redis, self.keys, self.store, self.workspace, self.create_run,
             lambda run_id: self.reading.events(run_id), lambda run_id: self.end(run_id, wait=False),
             self.settings.retention_s,

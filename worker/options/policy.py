@@ -193,6 +193,13 @@ def _executable(options: RunOptions, settings: Settings) -> str | None:
     return executable
 
 
+def grants_for(harness: str, grants: tuple[str, ...] | list[str], settings: Settings) -> list[str]:
+    """Of ``grants``, those the operator allows ``harness`` (HARNESS_GRANTS): a group of
+    attempts over several harnesses gives each the keys its own CLI may take."""
+    allowed = settings.grants.get(harness, ())
+    return [name for name in grants if _allowed(name, allowed)]
+
+
 def _check_grants(options: RunOptions, settings: Settings) -> None:
     harness = options.harness
     allowed_grants = settings.grants.get(harness, ())
