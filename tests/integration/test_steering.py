@@ -103,6 +103,10 @@ def test_a_message_the_turn_cannot_take_stops_it_and_starts_the_next(
     session = next(e for e in events if e.type == "session")
     assert session.data["session_id"] == first_session and session.data["resumed"] is True
     assert events[0].data["input_chars"] == len("stop and summarise")
+    # The stopped turn's input stays in the transcript: a turn that cannot resume the session
+    # replays it (with no answer), so the conversation keeps what the model saw.
+    said = [(e["turn"], e["input"], e["output"]) for e in client.store.transcript(run_id)]
+    assert said[0] == (1, "@text working\n@wait-message 60", "")
 
 
 def test_a_queued_message_waits_for_the_turn_and_becomes_the_next(

@@ -689,6 +689,10 @@ class _TurnRun:
                 run_turn=execute_turn,
             )  # fmt: skip
         final_text = terminal.text if isinstance(terminal, TurnComplete) else None
+        if isinstance(terminal, SessionError) and terminal.reason == "cancelled":
+            # Stopped mid-turn (a cancel, an interrupt, a steer it could not take): the model
+            # saw the input, and a later turn that cannot resume the session replays it too.
+            final_text = ""
         refused_next = self.guard.next_turn_refusal(out.usage) is not None
         with tracing.span("park") as park_span:
             parked = parking.park(deps, self.payload, self.options, record, terminal, refused_next)
