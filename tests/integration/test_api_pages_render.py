@@ -261,6 +261,29 @@ def test_every_event_type_is_shown_as_what_it_means(
                 "pushed_branch": "agent/orders",
             },
         ),
+        (
+            "usage",
+            {
+                "input_tokens": 400,
+                "output_tokens": 20,
+                "cached_input_tokens": 0,
+                "cost_usd": 0.004,
+                "source": "grader",
+                "model": None,
+            },
+        ),
+        (
+            "outcome-evaluation",
+            {
+                "iteration": 1,
+                "satisfied": False,
+                "feedback": "<b>the v2 tests</b> still fail",
+                "grader_run_id": "r0123456789abcdef01234567",
+                "input_tokens": 400,
+                "output_tokens": 20,
+                "cost_usd": 0.004,
+            },
+        ),
     ]
     terminal: tuple[str, dict[str, Any]] = (
         "turn-complete",
@@ -314,6 +337,9 @@ def test_every_event_type_is_shown_as_what_it_means(
     assert "2 files changed, +12 -3 lines" in text and "+ src/new.py" in text
     assert "~ src/o.py" in text
     assert "turn complete: Fixed the lookup." in text and "exit 0" in text
+    assert "usage (grader)" in text and "400 in / 20 out" in text
+    assert "iteration 1: not satisfied" in text and "r0123456789abcdef01234567" in text
+    assert "<b>the v2 tests</b> still fail" in text  # the feedback stays text
 
 
 def test_the_runs_list_filters_and_opens_a_run_by_a_page_link(

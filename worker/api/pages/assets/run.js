@@ -236,6 +236,15 @@ function show(id, type, data) {
           H.text(data.mode, "?"), ", delivered ", H.text(data.delivery, "?"), "):"),
         H.el("div", { className: "prose quote" }, H.text(data.text)));
     }
+    case "outcome-evaluation": {
+      const verdict = data.satisfied ? "satisfied" : "not satisfied";
+      return row(t, type, id, "graded",
+        H.el("div", {}, H.el("span", { className: "strong" },
+          "iteration " + H.text(data.iteration, "?") + ": " + verdict),
+          " · grader run ", H.el("code", {}, H.text(data.grader_run_id, "?"))),
+        H.el("div", { className: "prose quote" }, H.text(data.feedback, "(no feedback)")),
+        meta(H.tokens(data.input_tokens, data.output_tokens) + " tokens", H.cost(data.cost_usd) || "not priced"));
+    }
     case "turn-complete": {
       if (data.model) t.model = H.text(data.model);
       t.final = { input: data.input_tokens || 0, output: data.output_tokens || 0,
@@ -301,6 +310,10 @@ async function refresh() {
   if (record.group) {
     H.fact(dl, "group", H.el("span", {}, H.el("code", {}, H.text(record.group)),
       record.attempt !== undefined && record.attempt !== null ? " · attempt " + record.attempt : ""));
+  }
+  if (record.outcome) {
+    H.fact(dl, "outcome", H.text(record.outcome) + (record.outcome_iterations
+      ? " · " + H.int(record.outcome_iterations) + " graded" : ""));
   }
   H.fact(dl, "network", H.text(record.network));
   H.fact(dl, "started", H.when(record.created_at));
