@@ -303,6 +303,8 @@ class _ForkTimes:
     export: list[float]
     upload: list[float]
     unpack: list[float]
+    tar_create: list[float]
+    tar_extract: list[float]
 
 
 def _fork(bench: Bench, result: RowResult, sizes: Sizes) -> None:
@@ -318,7 +320,7 @@ def _fork(bench: Bench, result: RowResult, sizes: Sizes) -> None:
     subprocess.run(["tar", "-czf", str(seed), "-C", str(tree), "."], check=True)
     parent = bench.start_run("docker", NOOP, archive=str(seed))
     reader = bench.env.redis()
-    times = _ForkTimes([], [], [], [], [], [], [], [], [])
+    times = _ForkTimes([], [], [], [], [], [], [], [], [], [], [])
     whole, completed = True, True
     workspaces = Path(bench.env.vars["HARNESS_WORKSPACE_ROOT"]) / "docker" / "run"
     try:
@@ -348,6 +350,7 @@ def _fork(bench: Bench, result: RowResult, sizes: Sizes) -> None:
             whole &= _files_in(worktree) == sizes.files
             _git(repo, "worktree", "remove", "--force", str(worktree))
             _pieces(bench, parent, base, r, times)
+            _tar(repo, base, r, times)
     finally:
         reader.close()
         bench.end_run(parent)
@@ -381,6 +384,21 @@ def _pieces(bench: Bench, parent: str, base: Path, r: int, times: _ForkTimes) ->
     archive.unlink()
 
 
+def _tar(repo: Path, base: Path, r: int, times: _ForkTimes) -> None:
+    """The pieces' floors: ``tar -czf`` of the tree, ``tar -xzf`` of that archive."""
+    archive, target = base / f"bare{r}.tar.gz", base / f"bare{r}"
+    target.mkdir()
+    for argv, into in (
+        (["tar", "-czf", str(archive), "--exclude=.git", "-C", str(repo), "."], times.tar_create),
+        (["tar", "-xzf", str(archive), "-C", str(target)], times.tar_extract),
+    ):
+        started = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True)
+        into.append(time.perf_counter() - started)
+    shutil.rmtree(target, ignore_errors=True)
+    archive.unlink()
+
+
 def _fork_figures(result: RowResult, sizes: Sizes, times: _ForkTimes, seed_bytes: int) -> None:
     ms = 1000.0
     net = p50([f - n for f, n in zip(times.fork_started, times.new_started, strict=True)]) * ms
@@ -411,12 +429,17 @@ def _fork_figures(result: RowResult, sizes: Sizes, times: _ForkTimes, seed_bytes
         Figure(
             "  the fork() call (export, upload, record) p50", p50(times.fork_call) * ms, None, "ms"
         ),
-        Figure("    export of the parent from its host p50", p50(times.export) * ms, None, "ms"),
+        Figure(
+            "    export of the parent from its host p50 vs tar -czf",
+            p50(times.export) * ms,
+            p50(times.tar_create) * ms,
+            "ms",
+        ),
         Figure("    upload of the archive through Redis p50", p50(times.upload) * ms, None, "ms"),
         Figure(
-            "    unpack + snapshot turn 0 (seed_from_archive) p50",
+            "    unpack + snapshot turn 0 (seed_from_archive) p50 vs tar -xzf",
             p50(times.unpack) * ms,
-            None,
+            p50(times.tar_extract) * ms,
             "ms",
         ),
     )
