@@ -248,6 +248,12 @@ class Settings(BaseSettings):
     grader_timeout_s: float = Field(600.0, gt=0)
     """The longest a run's outcome grader (``--outcome``) may take to judge one turn: its
     turn's timeout (worker/outcomes/)."""
+    schedule_max_failures: int = Field(3, ge=1)
+    """A schedule whose firings fail this many times in a row pauses itself, saying why
+    (worker/schedules/)."""
+    schedule_history: int = Field(100, ge=1, le=10_000)
+    """How many of a schedule's firings its history keeps (newest first; the history also
+    expires HARNESS_RETENTION_S after its last firing)."""
     exit_grace_s: float = Field(2.0, ge=0)
     """After the harness's final message, how long it may take to exit before it is killed."""
     kill_grace_s: float = Field(1.0, ge=0)

@@ -350,7 +350,9 @@ WORKER_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"gateway"}),  # the model gateway: a turn's model requests, the keys kept out
     frozenset({"control"}),  # a person's messages to a run, and the attempts of one seed
     frozenset({"outcomes"}),  # a run graded against its rubric after each turn
+    frozenset({"triggers"}),  # a forge's or webhook sender's events: verified, filtered, mapped
     frozenset({"turn"}),  # one turn, from its claim to its end
+    frozenset({"schedules"}),  # runs started on a cron, fired by the workers' reaper timer
     frozenset({"fleet"}),  # hosts, host queues, the reaper, the end of a run
     frozenset({"app_names", "broker"}),  # the Celery layer: task names, the broker transport,
     frozenset({"app"}),  # the app,

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from config import Settings, load_settings
-from worker.api import errors, openapi, pages, routes, uploads, webhooks
+from worker.api import errors, openapi, pages, routes, schedules, triggers, uploads, webhooks
 from worker.api.limits import FailedAuthLimiter, RateLimiter, StreamSlots
 from worker.api.middleware import AccessLog, SecurityHeaders
 from worker.api.sse import StreamHub
@@ -188,6 +188,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.api = state
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(triggers.router)
+    app.include_router(schedules.router)
     app.include_router(pages.router)
     if settings.api_cors_origins:
         app.add_middleware(

@@ -27,8 +27,10 @@ from worker.app_names import TASK_END_RUN, harness_queue
 from worker.client.attempts import Attempts
 from worker.client.forks import Forks
 from worker.client.reading import RunReader, Waiting
+from worker.client.schedules import ScheduleRequests
 from worker.client.steering import Steering
 from worker.client.translate import translate
+from worker.client.triggers import Triggers
 from worker.client.workspace import Loaded, WorkspaceRequests, load_attachments
 from worker.errors import (
     BudgetSpent,
@@ -50,6 +52,7 @@ from worker.options.spec import (
 from worker.options.tenant_names import check_tenant
 from worker.permissions import requests as permissions
 from worker.permissions.requests import who
+from worker.schedules.store import Schedules
 from worker.spend import budgets, slots
 from worker.store import credentials, idempotency
 from worker.store.errors import REDIS_ERRORS
@@ -99,6 +102,18 @@ class HarnessClient:
         self.diff = self.workspace.diff
         self.export = self.workspace.export
         self.rewind = self.workspace.rewind
+        # Schedules (docs/api.md, "Schedules"): runs the workers start on a cron.
+        self.schedules = ScheduleRequests(self.settings, Schedules(
+            self.redis, self.keys, history_max=self.settings.schedule_history,
+            retention_s=self.settings.retention_s,
+        ))  # fmt: skip
+        self.add_schedule = self.schedules.add
+        self.list_schedules = self.schedules.listed
+        self.get_schedule = self.schedules.get
+        self.pause_schedule = self.schedules.pause
+        self.resume_schedule = self.schedules.resume
+        self.remove_schedule = self.schedules.remove
+        self.schedule_history = self.schedules.history
         self._app = celery_app
         self._forks = Forks(
             self.redis, self.keys, self.store, self.workspace, self.create_run,
@@ -115,6 +130,12 @@ class HarnessClient:
             self.settings, self.redis, self.keys, self.store,
             lambda: turn_sender(self.app), self.cancel,
         )  # fmt: skip
+        # Triggers (docs/api.md, "Triggers"): worker/client/triggers.py's, named here.
+        self.triggers = Triggers(self.redis, self.keys, self.settings.retention_s)
+        self.add_trigger = self.triggers.add
+        self.list_triggers = self.triggers.listing
+        self.remove_trigger = self.triggers.remove
+        self.trigger_deliveries = self.triggers.deliveries
 
     @classmethod
     def from_url(cls, redis_url: str, **settings: Any) -> HarnessClient:

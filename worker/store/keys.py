@@ -392,6 +392,11 @@ class Keys:
         ``body`` (delivery id to JSON)."""
         return f"{self.prefix}:webhooks:{part}"
 
+    def triggers(self, part: str) -> str:
+        """Inbound triggers and their deliveries (worker/triggers/store.py): ``trigger:ID``,
+        ``names:TENANT``, ``deliveries:ID``, ``delivery:ID``, ``seen:ID:SHA256``."""
+        return f"{self.prefix}:triggers:{part}"
+
     def hosts(self) -> str:
         """A hash of every host queue a worker ever announced (for the reaper's fan-out)."""
         return f"{self.prefix}:hosts"
@@ -404,6 +409,28 @@ class Keys:
     def worker_alive(self, worker_id: str) -> str:
         """Set, with a short expiry, while this worker process is up and consuming."""
         return f"{self.prefix}:worker:{worker_id}"
+
+    def schedule(self, owned: str) -> str:
+        """A hash: one schedule (``spec`` JSON, and its state: paused, failures, last
+        firing); ``owned`` is its name as :func:`worker.options.tenant_names.owned` makes it
+        (worker/schedules/)."""
+        return f"{self.prefix}:schedule:{owned}"
+
+    def schedule_history(self, owned: str) -> str:
+        """A list of the schedule's firings, newest first, bounded."""
+        return f"{self.prefix}:schedule:{owned}:history"
+
+    def schedule_tick(self, owned: str, generation: str, tick: int) -> str:
+        """Set once (``NX``, with a TTL) by the one worker that fires that tick."""
+        return f"{self.prefix}:schedule:{owned}:{generation}:tick:{tick}"
+
+    def schedules_due(self) -> str:
+        """A sorted set of active schedules (owned names) by their next fire time."""
+        return f"{self.prefix}:schedules:due"
+
+    def schedule_names(self, tenant: str) -> str:
+        """A set of a tenant's schedule names (``""``: those made without a tenant)."""
+        return f"{self.prefix}:tenant:{tenant}:schedules"
 
     def reaper_lock(self, scope: str) -> str:
         """Held by the worker running a reaper pass over ``scope`` (``fleet`` or a host

@@ -1,0 +1,1 @@
+"""Schedules: runs started on a cron by the workers' own timer (docs/api.md, "Schedules")."""
