@@ -46,7 +46,16 @@ def check(expr: str, tz: str | None) -> None:
 
 
 def next_after(expr: str, tz: str | None, after: float) -> int:
-    """The first fire time strictly after ``after`` (epoch seconds), as epoch seconds."""
-    start = datetime.fromtimestamp(after, UTC).astimezone(zone(tz))
-    found = croniter(expr, start, second_at_beginning=_seconds_first(expr)).get_next(datetime)
-    return int(found.timestamp())
+    """The first fire time strictly after ``after`` (epoch seconds), as epoch seconds.
+
+    A wall-clock time that happens twice (the hour repeated when DST ends) fires once, at
+    its first occurrence, unless the hour field is ``*`` (then every tick of both hours)."""
+    where = zone(tz)
+    seconds_first = _seconds_first(expr)
+    fixed_hour = expr.split()[2 if seconds_first else 1] != "*"
+    start = datetime.fromtimestamp(after, UTC).astimezone(where)
+    ticks = croniter(expr, start, second_at_beginning=seconds_first)
+    while True:
+        found = int(ticks.get_next(datetime).timestamp())
+        if not (fixed_hour and datetime.fromtimestamp(found, where).fold == 1):
+            return found
