@@ -24,6 +24,7 @@ from worker.cli import permissions as cli_permissions
 from worker.cli import spend as cli_spend
 from worker.cli import tenant as cli_tenant
 from worker.cli import tools as cli_tools
+from worker.cli import triggers as cli_triggers
 from worker.cli import workspace as cli_workspace
 from worker.cli.render import Renderer
 from worker.cli.session import Handler, Session
@@ -150,6 +151,7 @@ COMMAND_EXITS = {
     **cli_permissions.EXITS,
     **cli_tenant.EXITS,
     **cli_tools.EXITS,
+    **cli_triggers.EXITS,
 }
 """Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
 
@@ -176,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_permissions.add_commands(command, _add_run_id)
     cli_tenant.add_commands(command)
     cli_tools.add_commands(command)
+    cli_triggers.add_commands(command)
     _add_operating(command)
     return parser
 
@@ -690,6 +693,7 @@ HANDLERS: dict[str, Handler] = {
     **cli_permissions.HANDLERS,
     **cli_tenant.HANDLERS,
     **cli_tools.HANDLERS,
+    **cli_triggers.HANDLERS,
     "reap": _reap,
     "doctor": _doctor,
 }
