@@ -21,6 +21,7 @@ from worker.cli import attach as cli_attach
 from worker.cli import control as cli_control
 from worker.cli import outcome as cli_outcome
 from worker.cli import permissions as cli_permissions
+from worker.cli import schedules as cli_schedules
 from worker.cli import spend as cli_spend
 from worker.cli import tenant as cli_tenant
 from worker.cli import tools as cli_tools
@@ -151,6 +152,7 @@ COMMAND_EXITS = {
     **cli_permissions.EXITS,
     **cli_tenant.EXITS,
     **cli_tools.EXITS,
+    **cli_schedules.EXITS,
     **cli_triggers.EXITS,
 }
 """Each command's exit statuses, in its own --help (EXIT_STATUSES has them all)."""
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_permissions.add_commands(command, _add_run_id)
     cli_tenant.add_commands(command)
     cli_tools.add_commands(command)
+    cli_schedules.add_commands(command)
     cli_triggers.add_commands(command)
     _add_operating(command)
     return parser
@@ -558,7 +561,19 @@ def _reap(args: argparse.Namespace, session: Session) -> int:
 def _run(args: argparse.Namespace, session: Session) -> int:
     client, renderer = session.client, session.renderer
     prompt = _text_arg(args.prompt, "prompt")
-    options = dict(
+    options = run_options(args)
+    if args.attempts is not None:
+        return _run_attempts(args, session, prompt, options)
+    run_id = client.start_run(args.harness, prompt, **options, idempotency_key=args.idempotency_key)
+    for warning in _ignored_options(args, client.settings.sandbox):
+        print(f"harness: warning: {warning}", file=sys.stderr)
+    renderer.accepted(run_id, 1)
+    return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
+
+
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The client's run options from ``run``'s arguments (``schedule add`` takes them too)."""
+    return dict(
         model=args.model,
         system_prompt=_system_prompt(args.system_prompt),
         posture=args.posture,
@@ -584,13 +599,6 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         **cli_tools.run_options(args),
         **cli_outcome.run_options(args),
     )
-    if args.attempts is not None:
-        return _run_attempts(args, session, prompt, options)
-    run_id = client.start_run(args.harness, prompt, **options, idempotency_key=args.idempotency_key)
-    for warning in _ignored_options(args, client.settings.sandbox):
-        print(f"harness: warning: {warning}", file=sys.stderr)
-    renderer.accepted(run_id, 1)
-    return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
 
 
 def _run_attempts(
@@ -693,6 +701,7 @@ HANDLERS: dict[str, Handler] = {
     **cli_permissions.HANDLERS,
     **cli_tenant.HANDLERS,
     **cli_tools.HANDLERS,
+    **cli_schedules.HANDLERS,
     **cli_triggers.HANDLERS,
     "reap": _reap,
     "doctor": _doctor,
