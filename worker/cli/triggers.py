@@ -34,7 +34,9 @@ def add_commands(command: Command) -> None:
         "deliveries NAME shows what came and what it started. --tenant T: API tenant T's "
         "triggers (default: the operator's own, whose runs have no tenant).",
     )
-    actions = trigger.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = trigger.add_subparsers(
+        dest="action", required=True, metavar="ACTION", help="add, list, remove or deliveries"
+    )
     add = actions.add_parser("add", help="make a trigger")
     add.add_argument("name", metavar="NAME", help="its name (lower-case letters, digits, _ -)")
     add.add_argument("--source", required=True, choices=("github", "webhook"))
