@@ -84,7 +84,9 @@ def test_a_fork_at_turn_two_starts_from_turn_two(
     fork = client.fork(parent, "what next?", at_turn=2, labels={"why": "try"})
     assert fork != parent
     assert client.wait(fork, 1, timeout=60).type == "turn-complete"
-    files = sorted(p.name for p in workspace(fork_env, fork).iterdir() if not p.name.startswith("."))
+    files = sorted(
+        p.name for p in workspace(fork_env, fork).iterdir() if not p.name.startswith(".")
+    )
     assert files == ["one.txt", "two.txt"]
     [seen] = inputs(fork_env, fork)
     assert "first question" in seen and "question two" in seen
