@@ -248,6 +248,9 @@ class Settings(BaseSettings):
     grader_timeout_s: float = Field(600.0, gt=0)
     """The longest a run's outcome grader (``--outcome``) may take to judge one turn: its
     turn's timeout (worker/outcomes/)."""
+    schedule_tick_s: float = Field(1.0, gt=0, le=60)
+    """How often every worker looks for due schedules (worker/schedules/firing.py): a
+    schedule fires within about this long of its time."""
     schedule_max_failures: int = Field(3, ge=1)
     """A schedule whose firings fail this many times in a row pauses itself, saying why
     (worker/schedules/)."""

@@ -35,6 +35,7 @@ from worker.errors import InvalidSettings, RunNotFound
 from worker.fleet import host_queues, hosts, lifecycle
 from worker.observe import logs, metrics, tracing
 from worker.options.spec import TurnPayload
+from worker.schedules import firing
 from worker.store.errors import REDIS_ERRORS
 from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.turn.execute import execute_turn
@@ -167,6 +168,7 @@ def _announce(sender: Any = None, **_: object) -> None:
     _stop_turns_before_cold_shutdown()
     # Its first pass runs now: it reaps what crashed here before and warms the pools.
     _stops.append(lifecycle.start_reaper(deps))
+    _stops.append(firing.start_timer(deps))  # schedules: each tick fired once, fleet-wide
     # What the worker's start made (Celery, the models, our modules: over 100,000 objects) is
     # never garbage, yet every full collection walked it, and a flood's allocations set one
     # off often: out of the collector's sight now (docs/performance.md, row 2).

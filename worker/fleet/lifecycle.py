@@ -15,7 +15,6 @@ from worker.control import delivery
 from worker.errors import RunNotFound
 from worker.fleet import hosts
 from worker.observe import metrics
-from worker.schedules import firing
 from worker.spend import parking, slots
 from worker.store import credentials, queued
 from worker.store.errors import REDIS_ERRORS
@@ -209,7 +208,6 @@ def reap_pass(deps: TurnDeps) -> ReapReport:
     """
     report = ReapReport()
     interval = deps.settings.reap_interval_s
-    firing.fire_due(deps)  # every tick of every worker: each tick's claim fires it once
     if _take_lock(deps, "fleet", interval):
         _reap_turns(deps, report)
     for backend, queue in sorted(deps.host_queues.items()):

@@ -1,7 +1,7 @@
-"""Firing due schedules: called on every reaper tick of every worker
-(worker/fleet/lifecycle.py), so a schedule fires within a tick of its time while any worker
-runs; the claim of each tick (:meth:`Schedules.claim`) makes it fire once, whichever workers
-see it due.
+"""Firing due schedules: every worker looks for due schedules every HARNESS_SCHEDULE_TICK_S
+(:func:`start_timer`, a thread of its own, started with the worker), so a schedule fires
+within a second or so of its time while any worker runs; the claim of each tick
+(:meth:`Schedules.claim`) makes it fire once, whichever workers see it due.
 
 A schedule due more than one period ago (no worker ran at its time, or several ticks went by)
 fires once, late, and its next time is counted from now: never once per missed tick.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,19 @@ def schedules_of(deps: TurnDeps) -> Schedules:
         history_max=settings.schedule_history,
         retention_s=settings.retention_s,
     )
+
+
+def start_timer(deps: TurnDeps) -> threading.Event:
+    """Fire what is due now and then every HARNESS_SCHEDULE_TICK_S, until the event is set
+    (the worker's shutdown). One cheap read of the due set per tick when nothing is due."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(deps.settings.schedule_tick_s):
+            fire_due(deps)
+
+    threading.Thread(target=loop, name="schedules", daemon=True).start()
+    return stop
 
 
 def fire_due(deps: TurnDeps, *, now: float | None = None, start: StartRun = start_run) -> list[str]:
