@@ -38,6 +38,7 @@ ROWS = {
     "12": "bench.row12_api",
     "13": "bench.row13_tools",
     "14": "bench.row14_model_gateway",
+    "15": "bench.row15_control",
 }
 
 
