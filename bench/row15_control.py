@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import row7_workspace
 from bench.consume import before_turn, wait_terminal
 from bench.row7_workspace import OWNER, make_tree
 from bench.stats import p50, percentile
@@ -268,19 +269,9 @@ def _steer(bench: Bench, result: RowResult, sandbox: DockerSandbox, sizes: Sizes
 
 
 def _git(cwd: Path, *args: str) -> float:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(cwd),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": "/dev/null",
-        "GIT_AUTHOR_NAME": "b",
-        "GIT_AUTHOR_EMAIL": "b@localhost",
-        "GIT_COMMITTER_NAME": "b",
-        "GIT_COMMITTER_EMAIL": "b@localhost",
-    }
+    """Seconds a git command takes, run as row 7 runs it (no user or system config)."""
     started = time.perf_counter()
-    subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=cwd, env=env, check=True,
-                   capture_output=True)  # fmt: skip
+    row7_workspace._git(cwd, *args)
     return time.perf_counter() - started
 
 
