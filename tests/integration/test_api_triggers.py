@@ -12,14 +12,21 @@ import json
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from tests.integration.api_server import ApiProcess, api, api_env, api_worker  # noqa: F401
-from tests.integration.conftest import DEMO
+from tests.integration.api_server import (  # noqa: F401
+    ApiProcess,
+    api,
+    api_env,
+    api_worker,
+    start_api,
+)
+from tests.integration.conftest import DEMO, make_env
 from tests.integration.test_api import wait_terminal
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
@@ -233,3 +240,26 @@ def _body(name: str) -> dict[str, Any]:
         "input_template": "x",
         "run": {"executable": DEMO},
     }
+
+
+def test_an_address_that_keeps_failing_signatures_or_guessing_ids_is_held_off(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Bad signatures and unknown trigger ids count as wrong keys do: past the limit the
+    address gets 429 before its body is read or hashed, a right signature's too. (An API of
+    its own, on a key prefix of its own: the count is per address and prefix.)"""
+    guarded = start_api(make_env(tmp_path, redis_url), "guarded", HARNESS_API_FAILED_AUTH_LIMIT="3")
+    try:
+        guarded.add_tenant("acme")
+        with guarded.client("acme") as http:
+            made = make_trigger(http, "guarded")
+        with httpx.Client(base_url=guarded.url) as source:
+            path = made["path"]
+            assert github(source, path, "wrong", ISSUE).status_code == 401
+            assert source.post("/v1/triggers/trg" + "0" * 24, content=b"{}").status_code == 404
+            assert github(source, path, "wrong", ISSUE).status_code == 401
+            held = github(source, path, made["secret"], {**ISSUE, "action": "opened"})
+            assert held.status_code == 429 and "refused deliveries" in held.text
+            assert int(held.headers["retry-after"]) >= 1
+    finally:
+        guarded.stop()
