@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import adapters
@@ -31,13 +31,12 @@ from adapters.events import (
     Usage,
     session_error,
 )
-from adapters.protocol import Adapter, AdapterState, Attachment, TurnRequest
+from adapters.protocol import Attachment, TurnRequest
 from adapters.stream import StreamDriver
 from sandbox.base import (
     LABEL_LEASE,
     LABEL_WORKER,
     Egress,
-    ExecSpec,
     Limits,
     Placement,
     RunSpec,
@@ -76,6 +75,7 @@ from worker.store.status import RunStatus
 from worker.store.terminal import TurnRef, end_unclaimed_turn
 from worker.turn import attempt, structured
 from worker.turn.life import TurnLife
+from worker.turn.process import explain_kill, run_process
 from worker.turn.stall import Stall
 from worker.turn.steering import Steering
 from worker.workspace import attachments as workspace_attachments
@@ -541,7 +541,7 @@ class _TurnRun:
 
         def one(req: TurnRequest, number: int) -> tuple[attempt.Outcome, StreamDriver]:
             with tracing.span("exec", {"harness.attempt": number}):
-                return _attempt(
+                return run_process(
                     self.adapter, req, sandbox, placement, secrets, out, limits, stop, number,
                     self.started, gate, telemetry, self.header.trace_id, stall,
                     self.life.confirm_hold,
@@ -549,7 +549,7 @@ class _TurnRun:
 
         try:
             outcome, driver = one(request, 1)
-            terminal = _explain_kill(outcome.terminal, sandbox, run_id)
+            terminal = explain_kill(outcome.terminal, sandbox, run_id)
             if (
                 isinstance(terminal, SessionError)
                 and request.resume_session
@@ -790,112 +790,6 @@ def _publish_denials(
             for d in denials[:MAX_DENIAL_EVENTS]
         ]
     )
-
-
-def _explain_kill(terminal: Event, sandbox: Sandbox, run_id: str) -> Event:
-    """A harness that died of SIGKILL we did not send: ask the sandbox why (OOM, gone)."""
-    if (
-        isinstance(terminal, SessionError)
-        and terminal.reason == "exit"
-        and terminal.exit_code in (137, -9)
-    ):
-        problem = sandbox.diagnose(run_id)
-        if problem:
-            return terminal.model_copy(
-                update={
-                    "error": f"the harness was killed: {problem}",
-                    "reason": "sandbox",
-                    "retryable": True,
-                }
-            )
-    return terminal
-
-
-def _attempt(
-    adapter: Adapter[AdapterState],
-    request: TurnRequest,
-    sandbox: Sandbox,
-    placement: Placement,
-    secrets: dict[str, str],
-    out: attempt.Publishing,
-    limits: attempt.Limits,
-    stop: Callable[[], SessionError | None],
-    number: int,
-    started: Callable[[], None],
-    gate: permissions.Gate | None = None,
-    telemetry: harness_telemetry.ExecTelemetry | None = None,
-    trace_id: str | None = None,
-    stall: Stall | None = None,
-    may_start: Callable[[], SessionError | None] | None = None,
-) -> tuple[attempt.Outcome, StreamDriver]:
-    """One harness process of the turn. ``may_start``, asked last before the process starts,
-    refuses it with the turn's end (the worker no longer holds the turn)."""
-    driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
-    head = driver.start()
-    if number == 1:
-        out.send([_traced(event, trace_id) for event in head])
-        started()
-    try:
-        command = adapter.build_command(request)
-    except ValueError as exc:
-        return _no_process(
-            driver, session_error(f"cannot build the command: {exc}", "invalid-input")
-        )
-    env, files = (telemetry or harness_telemetry.ExecTelemetry()).apply(command.env, command.files)
-    spec = ExecSpec(
-        argv=tuple(command.argv),
-        stdin=command.stdin,
-        env=env,
-        files=files,
-        cwd=command.cwd,
-        keep_stdin=command.keep_stdin,
-    )
-    if out.wire is not None:
-        spec = out.wire.wrap(spec)
-    refusal = may_start() if may_start is not None else None
-    if refusal is not None:
-        return _no_process(driver, refusal)
-    try:
-        process = sandbox.start(placement, spec, secrets)
-    except SandboxError as exc:
-        return _no_process(
-            driver, session_error(f"the harness could not be started: {exc}", "sandbox")
-        )
-    log.info("harness.started", extra={"attempt": number, "executable": spec.argv[0]})
-    try:
-        if gate is not None:
-            gate.attach(adapter, driver.state, process)
-        if out.steering is not None:
-            out.steering.attach(adapter, driver.state, process)
-        outcome = attempt.drive(process, driver, out, limits, stop, gate, stall)
-        log.info("harness.exited", extra={"attempt": number, "exit_code": outcome.exit_code})
-    except SandboxError as exc:
-        with contextlib.suppress(SandboxError):
-            process.kill(grace=limits.kill_grace_s)
-        problem = sandbox.diagnose(placement.run_id) or str(exc)
-        outcome, _ = _no_process(
-            driver, session_error(f"the sandbox failed during the turn: {problem}", "sandbox")
-        )
-    except BaseException:
-        # An error of the worker while the harness runs: stop the harness before the turn
-        # is ended as ``internal`` (the process must not outlive its turn).
-        with contextlib.suppress(Exception):
-            process.kill(grace=limits.kill_grace_s)
-        raise
-    return outcome, driver
-
-
-def _no_process(driver: StreamDriver, error: SessionError) -> tuple[attempt.Outcome, StreamDriver]:
-    """The attempt ends with ``error`` and no exit code of a process to report."""
-    driver.fail(error)
-    assert driver.terminal is not None
-    return attempt.Outcome(driver.terminal, None, ""), driver
-
-
-def _traced(event: Event, trace_id: str | None) -> Event:
-    if trace_id is None or not isinstance(event, TurnStarted):
-        return event
-    return event.model_copy(update={"trace_id": trace_id})
 
 
 def _request(
