@@ -270,6 +270,18 @@ def test_every_route_is_in_openapi_with_its_errors(api: ApiProcess) -> None:  # 
         ("get", "/v1/groups/{group}"),
         ("get", "/v1/groups/{group}/diff"),
         ("post", "/v1/groups/{group}/pick"),
+        ("post", "/v1/schedules"),
+        ("get", "/v1/schedules"),
+        ("get", "/v1/schedules/{name}"),
+        ("delete", "/v1/schedules/{name}"),
+        ("post", "/v1/schedules/{name}/pause"),
+        ("post", "/v1/schedules/{name}/resume"),
+        ("get", "/v1/schedules/{name}/history"),
+        ("post", "/v1/triggers"),
+        ("get", "/v1/triggers"),
+        ("delete", "/v1/triggers/{trigger_id}"),
+        ("get", "/v1/triggers/{trigger_id}/deliveries"),
+        ("post", "/v1/triggers/{trigger_id}"),
         ("get", "/v1/healthz"),
     }
     found = {(m, p) for p, ops in spec["paths"].items() for m in ops}
@@ -278,7 +290,7 @@ def test_every_route_is_in_openapi_with_its_errors(api: ApiProcess) -> None:  # 
         responses = spec["paths"][path][method]["responses"]
         for status in ("401", "422", "429"):
             assert status in responses, (method, path, status)
-        if "{run_id}" in path or "{group}" in path:
+        if any(part in path for part in ("{run_id}", "{group}", "{name}", "{trigger_id}")):
             assert "404" in responses, (method, path)
     run_fields = spec["components"]["schemas"]["RunCreate"]["properties"]
     assert {"harness", "input", "labels", "webhook_url", "posture", "max_cost_usd"} <= set(
