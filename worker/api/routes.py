@@ -60,14 +60,7 @@ async def _tenant(
             401, "unauthorized", "an Authorization: Bearer KEY header is needed", challenge
         )
     address = request.client.host if request.client else ""
-    guessing = await api.auth_failures.check(address)
-    if not guessing.allowed:
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"too many wrong keys from this address; retry after {guessing.retry_after_s}s",
-            {"Retry-After": str(guessing.retry_after_s)},
-        )
+    await not_guessing(api, address, "wrong keys")
     bearer = credentials.credentials
     tenant: Tenant | None
     if links.is_token(bearer):
@@ -89,6 +82,25 @@ async def _tenant(
         await api.auth_failures.failed(address)
         raise ApiError(401, "unauthorized", "unknown or revoked API key", challenge)
     request.state.tenant = tenant.name  # for the request's log line
+    await within_rate(api, tenant)
+    return tenant
+
+
+async def not_guessing(api: Any, address: str, what: str) -> None:
+    """429 for an address that sent too many wrong keys (or, at a trigger, bad signatures
+    and unknown ids) in the window (HARNESS_API_FAILED_AUTH_LIMIT), whatever it bears now."""
+    guessing = await api.auth_failures.check(address)
+    if not guessing.allowed:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"too many {what} from this address; retry after {guessing.retry_after_s}s",
+            {"Retry-After": str(guessing.retry_after_s)},
+        )
+
+
+async def within_rate(api: Any, tenant: Tenant) -> None:
+    """429 for a tenant over its rate limit (the operator's and its own, the lower)."""
     limits = [n for n in (api.settings.api_rate_limit, tenant.rate_limit) if n]
     verdict = await api.limiter.hit(tenant.name, min(limits) if limits else 0)
     if not verdict.allowed:
@@ -98,7 +110,6 @@ async def _tenant(
             f"tenant {tenant.name} is over its rate limit; retry after {verdict.retry_after_s}s",
             {"Retry-After": str(verdict.retry_after_s)},
         )
-    return tenant
 
 
 TenantDep = Annotated[Tenant, Depends(_tenant)]

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from worker.api import schemas
 from worker.api.errors import ApiError
-from worker.api.routes import TenantDep, _errors
+from worker.api.routes import TenantDep, _errors, not_guessing, within_rate
 from worker.api.tenants import Tenant, apply_policy
 from worker.errors import HarnessError, InvalidInput, Refused
 from worker.triggers import inbound
@@ -205,7 +205,7 @@ async def deliver(request: Request, trigger_id: str) -> JSONResponse:
     ``X-Hub-Signature-256``, or Standard Webhooks' ``webhook-*`` headers) is what proves it."""
     api = _api(request)
     address = request.client.host if request.client else ""
-    await _not_guessing(api, address)
+    await not_guessing(api, address, "refused deliveries")
     store = api.client.triggers.store
     trigger: Trigger | None = await run_in_threadpool(store.get, trigger_id)
     tenant = api.tenants.get(trigger.tenant) if trigger is not None and trigger.tenant else None
@@ -213,7 +213,7 @@ async def deliver(request: Request, trigger_id: str) -> JSONResponse:
         await api.auth_failures.failed(address)  # a guessed id counts as a wrong key does
         raise _not_found(trigger_id)
     if tenant is not None:
-        await _within_rate(api, tenant)
+        await within_rate(api, tenant)  # its deliveries count as its API calls do
     body = await _body(request)
     if body is None:
         size = int(request.headers.get("content-length") or 0)
@@ -229,32 +229,6 @@ async def deliver(request: Request, trigger_id: str) -> JSONResponse:
     start = receipt.start
     task = BackgroundTask(_start, api, tenant, start) if start is not None else None
     return JSONResponse(receipt.answer, receipt.status_code, background=task)
-
-
-async def _not_guessing(api: Any, address: str) -> None:
-    """An address that sent too many bad signatures or unknown ids (HARNESS_API_FAILED_AUTH_LIMIT
-    per window, as for wrong keys) is refused before anything is read or hashed."""
-    verdict = await api.auth_failures.check(address)
-    if not verdict.allowed:
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"too many refused deliveries from this address; retry after {verdict.retry_after_s}s",
-            {"Retry-After": str(verdict.retry_after_s)},
-        )
-
-
-async def _within_rate(api: Any, tenant: Tenant) -> None:
-    """A trigger's deliveries count against its tenant's rate limit, as its API calls do."""
-    limits = [n for n in (api.settings.api_rate_limit, tenant.rate_limit) if n]
-    verdict = await api.limiter.hit(tenant.name, min(limits) if limits else 0)
-    if not verdict.allowed:
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"tenant {tenant.name} is over its rate limit; retry after {verdict.retry_after_s}s",
-            {"Retry-After": str(verdict.retry_after_s)},
-        )
 
 
 async def _body(request: Request) -> bytes | None:
