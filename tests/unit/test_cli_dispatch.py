@@ -75,3 +75,15 @@ def test_a_command_that_needs_no_client_makes_none(monkeypatch: pytest.MonkeyPat
 
 def test_every_event_type_has_its_own_view() -> None:
     assert set(render._EVENT_VIEWS) == set(EVENT_TYPES)
+
+
+def test_fork_takes_its_options_before_or_after_its_input() -> None:
+    from worker.cli.main import build_parser
+
+    run_id = "r" + "0" * 24
+    for argv in (
+        ["fork", run_id, "--at-turn", "1", "try again"],
+        ["fork", run_id, "try again", "--at-turn", "1"],
+    ):
+        args = build_parser().parse_args(argv)
+        assert (args.run_id, args.at_turn, args.input) == (run_id, 1, "try again")

@@ -423,10 +423,11 @@ def _add_fork(command: Command) -> None:
         "workspace, branch or seed; --harness and --model run it otherwise.",
     )
     _add_run_id(fork)
+    # Required, so that options may come before it (`fork RUN --at-turn 2 "try again"`):
+    # argparse gives an optional positional nothing when an option follows the run id.
     fork.add_argument(
-        "input", metavar="INPUT", nargs="?", default="-",
-        help="the new run's first turn; - (or nothing) reads it from standard input",
-    )  # fmt: skip
+        "input", metavar="INPUT", help="the new run's first turn; - reads it from standard input"
+    )
     fork.add_argument("--at-turn", type=int, metavar="K", help="the turn to fork after")
     fork.add_argument("--harness", choices=HARNESS_IDS, help="run the fork with another harness")
     fork.add_argument("--model", metavar="M", help="run the fork with another model")
