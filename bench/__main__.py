@@ -39,6 +39,8 @@ ROWS = {
     "13": "bench.row13_tools",
     "14": "bench.row14_model_gateway",
     "15": "bench.row15_control",
+    "16": "bench.row16_http_path",
+    "17": "bench.row17_density",
 }
 
 
