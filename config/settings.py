@@ -264,6 +264,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(10.0, ge=0)
     """On a warm shutdown, how long in-flight turns may still run before they are stopped."""
     max_line_bytes: int = Field(8 * 1024 * 1024, gt=1024)
+    coalesce_text_chars: int = Field(0, ge=0, le=1024 * 1024)
+    """Consecutive ``assistant-text`` events read together (already in one batch of the
+    harness's output: none waits for more) are published as one stream entry of up to this
+    many characters of text (worker/turn/coalesce.py). 0: one entry per harness line."""
 
     # Permission requests answered live (--posture ask; worker/permissions/requests.py)
     permission_ask: bool = True

@@ -264,3 +264,22 @@ def test_flooding_harness_loses_no_event(env: Env, workers: list[WorkerProcess])
     assert_one_terminal(events)
     texts = [e.data["text"] for e in events if e.type == "assistant-text"]
     assert texts == [f"flood {i}" for i in range(50000)]
+
+
+def test_flood_coalesced_loses_no_text_and_keeps_the_ids(
+    env: Env, workers: list[WorkerProcess]
+) -> None:
+    """HARNESS_COALESCE_TEXT_CHARS: the flood's lines read together become fewer entries, each
+    within the bound, their text the same text in the same order; ids stay {turn}-{seq}."""
+    workers.append(start_worker(env, HARNESS_COALESCE_TEXT_CHARS="4096"))
+    client = env.client()
+    run_id = client.start_run("stdio-json", "@flood 50000", executable=DEMO)
+    terminal = client.wait(run_id, 1, timeout=120)
+    assert terminal.type == "turn-complete"
+    events = turn_events(client, run_id, 1)
+    assert_one_terminal(events)
+    assert [e.id for e in events] == [f"1-{seq}" for seq in range(len(events))]
+    texts = [e.data["text"] for e in events if e.type == "assistant-text"]
+    assert "".join(texts) == "".join(f"flood {i}" for i in range(50000))
+    assert all(len(text) <= 4096 for text in texts)
+    assert len(texts) < 50000 // 10, len(texts)

@@ -523,6 +523,7 @@ class _TurnRun:
             settings.exit_grace_s,
             settings.kill_grace_s,
             settings.max_line_bytes,
+            settings.coalesce_text_chars,
         )
         stop = self.guard.stop_check(self.life.stop_check(), out)
         self.work_began = time.time()
