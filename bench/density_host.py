@@ -66,6 +66,21 @@ def container_memory(container_id: str) -> int | None:
     return None
 
 
+def container_cpu_seconds(container_id: str) -> float | None:
+    """CPU the container's processes have used since it started (its cgroup's cpuacct, v1,
+    or ``cpu.stat`` usage_usec, v2); None when not found."""
+    v1 = CGROUP / "cpuacct" / "docker" / container_id / "cpuacct.usage"
+    if v1.exists():
+        return int(v1.read_text()) / 1e9
+    for v2 in (
+        CGROUP / "system.slice" / f"docker-{container_id}.scope",
+        CGROUP / "docker" / container_id,
+    ):
+        if (v2 / "cpu.stat").exists():
+            return _read_stat(v2 / "cpu.stat")["usage_usec"] / 1e6
+    return None
+
+
 def pss_bytes(pid: int) -> int:
     """A process's proportional set size (its shared pages divided among their users)."""
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():

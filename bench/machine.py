@@ -18,6 +18,13 @@ def _mem_total_gib() -> float:
     return float("nan")
 
 
+def busy_cpu_seconds() -> float:
+    """CPU time every core of the machine has spent busy since boot (/proc/stat: all but idle
+    and iowait), whoever spent it."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _docker_version() -> str:
     try:
         out = subprocess.run(

@@ -27,6 +27,7 @@ import time
 from bench import celery_floor
 from bench.at_once import submit_at_once
 from bench.context import NOOP, Bench
+from bench.machine import busy_cpu_seconds
 from bench.stats import mib, p50
 from bench.table import Figure, RowResult
 from bench.worker import ROOT, WorkerProcess
@@ -118,6 +119,7 @@ def _measure(
     walls: list[float] = []
     raws: list[dict[str, float]] = []
     floors: list[float] = []
+    busy: list[float] = []
     completed = floor_completed = 0
     try:
         # Ours and the baseline alternate: a shared machine's drift hits both alike.
@@ -127,11 +129,13 @@ def _measure(
                 idle = worker.rss_bytes()
                 threads_idle = worker.threads()
                 worker.reset_peak()
+            busy_before = busy_cpu_seconds()
             started, took = submit_at_once(
                 [lambda run_id=run_id: bench.client.submit_turn(run_id, script) for run_id in runs]
             )
             keys = {bench.stream(run_id): repeat + 2 for run_id in runs}
             done = _wait_all(bench, keys, timeout_s=120 + sleep_s * 4)
+            busy.append(busy_cpu_seconds() - busy_before)
             walls.append(max(at for at, _ in done.values()) - started)
             if repeat == 0:
                 peak, submitted = worker.peak_rss_bytes(), took
@@ -159,6 +163,9 @@ def _measure(
     ratio = wall / sleep_s
     floor = wall / raw["wall_s"]
     celery_wall = p50(floors)
+    raw_busy = p50([r["busy_cpu_s"] for r in raws])
+    raw_harness = p50([r["harness_cpu_s"] for r in raws])
+    cores = raws[0]["cores"]
     result.add(
         Figure(
             f"{backend}: wall of {n} turns vs {n} bare harnesses at once",
@@ -177,6 +184,22 @@ def _measure(
             met=ratio <= TARGET_WALL_RATIO,
         ),
         Figure(f"{backend}:   wall of {n} bare harnesses at once", raw["wall_s"], sleep_s, "s"),
+        Figure(
+            f"{backend}:   bare burst's CPU, the machine's (all of it) vs the harnesses' own",
+            raw_busy,
+            raw_harness,
+            "CPU s",
+        ),
+        Figure(
+            f"{backend}:   that floor explained: {sleep_s:g} s + the machine's CPU / {cores:g} "
+            "cores vs measured",
+            sleep_s + raw_busy / cores,
+            raw["wall_s"],
+            "s",
+        ),
+        Figure(
+            f"{backend}:   machine CPU of our burst vs the bare one", p50(busy), raw_busy, "CPU s"
+        ),
         Figure(
             f"{backend}: wall of {n} turns vs {n} bare harnesses through Celery at once",
             wall,
