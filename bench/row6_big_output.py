@@ -6,7 +6,15 @@ joined, plus the output read ahead of the stream rules. The oversized line must 
 counted drop (the worker's ``stream.lines_dropped`` record), the turn must complete, and
 every line of the big stream must be published. Raw baseline: a bare process draining the
 same output (256 KiB reads, nothing kept); and, for the big stream, the floor of putting its
-events into Redis at all: the same entries by pipelined XADD, as row 2's baseline sends them."""
+events into Redis at all: the same entries by pipelined XADD, as row 2's baseline sends them.
+
+That floor is one entry per line, the default path. Then the alternative a user with such a
+harness would take: the same big stream through another fresh worker with
+``HARNESS_COALESCE_TEXT_CHARS=COALESCE_CHARS`` (consecutive text read together published as
+one entry, no added delay), against a bare drain of its own, with the same memory bound, the
+stream entries it wrote, and checks that its ids are contiguous and the text it kept is the
+lines in order (the whole turn when the stream still holds it, as at the smaller profiles'
+sizes; else what is left of it, the tail up to the last line)."""
 
 from __future__ import annotations
 
@@ -15,8 +23,9 @@ import math
 import subprocess
 import sys
 import time
+from typing import cast
 
-from bench.consume import read_turn, wait_terminal, wait_terminal_quietly
+from bench.consume import MAX_ID, read_turn, wait_terminal, wait_terminal_quietly
 from bench.context import NOOP, Bench
 from bench.stats import mib
 from bench.table import Figure, RowResult
@@ -30,6 +39,16 @@ itself below half a bare drain here (docs/performance.md, row 6)."""
 MAXLEN = 10_000
 FLOOR_BATCH = 1000
 """Entries per pipeline of the XADD floor, as row 2's baseline."""
+COALESCE_CHARS = 32 * 1024
+"""The coalesced turn's bound: 32 KiB, the slice the worker feeds through the stream rules
+(``FEED_BYTES`` in worker/turn/attempt.py; a read takes up to 256 KiB, eight such entries).
+It puts 32 of the 1 KiB lines into an entry, so the per-entry costs (an XADD, its id and
+fields, trimming, a consumer's read and parse of one event) are already spread thin and what
+is left costs per byte, which a larger bound does not save; a smaller one (16 KiB) keeps
+twice the entries. 32 KiB is also a size a consumer takes in one SSE frame without noticing.
+MAXLEN stays 10,000 entries, so at 1 GB Redis holds up to about 320 MB of this stream."""
+PAGE = 200
+"""Entries per XRANGE while the coalesced stream is checked (at most ~6 MiB at a time)."""
 
 
 def _drain(bench: Bench, backend: str, script: str, container: str | None) -> dict[str, float]:
@@ -42,6 +61,12 @@ def _drain(bench: Bench, backend: str, script: str, container: str | None) -> di
     return json.loads(out.stdout)
 
 
+def _line_text(i: int, line: int) -> str:
+    """The text of the demo harness's @fill line ``i``: {"type":"text","text":"<10 digits>
+    <pad>"} and newline, ``line`` bytes in all."""
+    return f"{i:010d} " + "x" * max(0, line - len('{"type":"text","text":"') - len('"}\n') - 11)
+
+
 def _xadd_floor(bench: Bench, turn: int, count: int, line: int) -> float:
     """Seconds to put the big stream's ``count`` text events into Redis at all: the entries
     the publisher writes for them (ids, type, data, ts, MAXLEN), generated here one batch at a
@@ -51,8 +76,7 @@ def _xadd_floor(bench: Bench, turn: int, count: int, line: int) -> float:
 
     from adapters.events import AssistantText
 
-    # The demo harness's @fill line: {"type":"text","text":"<10 digits> <pad>"} and newline.
-    pad = "x" * max(0, line - len('{"type":"text","text":"') - len('"}\n') - 11)
+    pad = _line_text(0, line)[11:]
     key = f"{bench.env.prefix}:bench:fill:{uuid.uuid4().hex[:8]}"
     client = bench.redis
     ts = f"{time.time():.6f}"
@@ -98,108 +122,220 @@ def _dropped(worker: WorkerProcess, key: str, turn: int) -> dict[str, int]:
     return {}
 
 
-def run(bench: Bench) -> RowResult:
+def _open_run(bench: Bench, backend: str) -> tuple[str, str | None]:
+    """A run with its no-op first turn done: (run id, its container on Docker)."""
+    run_id = bench.start_run(backend, NOOP)
+    wait_terminal(bench.redis, bench.stream(run_id), 1, timeout_s=120)
+    container = bench.client.status(run_id)["container_id"] if backend == "docker" else None
+    return run_id, container
+
+
+def _check_coalesced(bench: Bench, key: str, turn: int, lines: int, line: int) -> tuple[int, str]:
+    """The coalesced @fill turn as the stream holds it: (the text entries it wrote, a problem
+    or ""). Its seqs run on without a gap from the first entry kept to ``turn-complete``; its
+    text entries hold whole lines, in order, each entry at most COALESCE_CHARS, and the last
+    ends with the last line; when the turn's first entry is still there, the text starts at
+    line 0 and the entries kept are all it wrote. Read a page at a time, nothing held."""
+    size = len(_line_text(0, line))
+    pad = _line_text(0, line)[11:]
+    kinds: list[str] = []  # the types of the entries that are not text, in order
+    first_seq = prev_seq = -1
+    texts = 0
+    following: int | None = None  # the next line expected, once the first text entry is read
+    start = f"{turn}-0"
+    while True:
+        page = cast(
+            "list[tuple[str, dict[str, str]]]",
+            bench.redis.xrange(key, min=start, max=f"{turn}-{MAX_ID}", count=PAGE),
+        )
+        for entry_id, fields in page:
+            seq = int(entry_id.split("-")[1])
+            if prev_seq >= 0 and seq != prev_seq + 1:
+                return 0, f"seq {seq} follows {prev_seq}"
+            first_seq = seq if first_seq < 0 else first_seq
+            prev_seq = seq
+            if fields["type"] != "assistant-text":
+                kinds.append(fields["type"])
+                continue
+            text: str = json.loads(fields["data"]).get("text", "")
+            count, rest = divmod(len(text), size)
+            if rest or not count or len(text) > COALESCE_CHARS:
+                return 0, f"entry {entry_id} holds {len(text)} characters"
+            if following is None:
+                following = int(text[:10])
+                if first_seq == 0 and following != 0:
+                    return 0, f"the turn's text starts with line {following}"
+            expected = "".join([f"{i:010d} {pad}" for i in range(following, following + count)])
+            if text != expected:
+                return 0, f"entry {entry_id} is not lines {following}-{following + count - 1}"
+            following += count
+            texts += 1
+        if len(page) < PAGE:
+            break
+        start = f"{turn}-{prev_seq + 1}"
+    written = prev_seq - 3  # seqs: turn-started 0, session 1, the text, workspace, terminal
+    if kinds[-2:] != ["workspace", "turn-complete"]:
+        return written, f"the turn ends with {kinds[-2:]}"
+    if following != lines:
+        return written, f"the text ends with line {(following or 0) - 1}, not {lines - 1}"
+    if first_seq == 0 and (kinds != ["turn-started", "session", "workspace", "turn-complete"]):
+        return written, f"the turn's entries other than text: {kinds}"
+    if first_seq == 0 and texts != written:
+        return written, f"{texts} text entries kept of {written} written"
+    return written, ""
+
+
+def _per_line(bench: Bench, backend: str, result: RowResult) -> None:
+    """The oversized line, then the big stream one entry per line (the default)."""
     sizes = bench.sizes
     big, total, line = sizes.bigline_bytes, sizes.bigstream_bytes, sizes.bigstream_line_bytes
+    # A fresh process per backend: CPython keeps memory it once used, so a worker that
+    # already held a backlog would hide the next one's growth.
+    worker = bench.use_worker(HARNESS_STREAM_MAXLEN=str(MAXLEN))
+    run_id, container = _open_run(bench, backend)
+    key = bench.stream(run_id)
+    try:
+        # The oversized line.
+        script = f"@bigline {big}"
+        turn, seconds, growth, idle = _turn(bench, worker, run_id, script)
+        entries = read_turn(bench.redis, key, turn)
+        types = [fields["type"] for _, fields in entries]
+        counters = _dropped(worker, key, turn)
+        result.checks[f"{backend}: the {big / 1e6:g} MB line counted as oversized"] = (
+            counters.get("oversized") == 1
+        )
+        expected_types = ["turn-started", "session", "workspace", "turn-complete"]
+        result.checks[f"{backend}: its turn completed, nothing of the line published"] = (
+            types == expected_types
+        )
+        if types != expected_types:
+            result.notes.append(f"{backend}: the big line's turn published {types}")
+        drain = _drain(bench, backend, script, container)
+        result.add(
+            Figure(
+                f"{backend}: {big / 1e6:g} MB line: worker peak RSS growth vs bare drain",
+                growth,
+                mib(drain["rss_peak"] - drain["rss_before"]),
+                "MiB",
+                target=f"<= {BOUND_MIB:g} MiB",
+                met=growth <= BOUND_MIB,
+            ),
+            Figure(f"{backend}:   its turn, seconds vs bare drain", seconds, drain["wall_s"], "s"),
+        )
+        # The big stream of small lines.
+        script = f"@fill {total} {line}"
+        turn, seconds, growth, _ = _turn(bench, worker, run_id, script)
+        expected = math.ceil(total / line)
+        # The turn ends: the last text line, the snapshot's workspace event, terminal.
+        last = bench.redis.xrevrange(key, count=3)
+        (last_id, last_fields), (_, snap_fields), (_, text_fields) = last
+        last_text = json.loads(text_fields["data"]).get("text", "")
+        complete = (
+            last_id == f"{turn}-{expected + 3}"
+            and last_fields["type"] == "turn-complete"
+            and snap_fields["type"] == "workspace"
+            and last_text.startswith(f"{expected - 1:010d} ")
+        )
+        result.checks[f"{backend}: all {expected:,} lines of the stream published"] = complete
+        if not complete:
+            result.notes.append(
+                f"{backend}: the stream ends with {last_id} {last_fields['type']}, "
+                f"{snap_fields['type']}, text {last_text[:20]!r}"
+            )
+        drain = _drain(bench, backend, script, container)
+        ours_rate = total / 1e6 / seconds
+        drain_rate = drain["bytes"] / 1e6 / drain["wall_s"]
+        xadd_rate = total / 1e6 / _xadd_floor(bench, turn, expected, line)
+        result.add(
+            Figure(
+                f"{backend}: {total / 1e6:g} MB of {line} B lines: worker peak RSS growth"
+                " vs bare drain",
+                growth,
+                mib(drain["rss_peak"] - drain["rss_before"]),
+                "MiB",
+                target=f"<= {BOUND_MIB:g} MiB",
+                met=growth <= BOUND_MIB,
+            ),
+            Figure(
+                f"{backend}:   its throughput vs bare drain",
+                ours_rate,
+                drain_rate,
+                "MB/s",
+                target=f">= {THROUGHPUT_RATIO:g}x",
+                met=ours_rate >= THROUGHPUT_RATIO * drain_rate,
+            ),
+            Figure(
+                f"{backend}:   its throughput vs the same entries by pipelined XADD",
+                ours_rate,
+                xadd_rate,
+                "MB/s",
+                target=f"restated: >= {THROUGHPUT_RATIO:g}x",
+                met=ours_rate >= THROUGHPUT_RATIO * xadd_rate,
+            ),
+        )
+        result.notes.append(f"{backend}: worker idle RSS {mib(idle):.1f} MiB")
+    finally:
+        bench.end_run(run_id)
+
+
+def _coalesced(bench: Bench, backend: str, result: RowResult) -> None:
+    """The big stream again, through a fresh worker that coalesces text read together."""
+    total, line = bench.sizes.bigstream_bytes, bench.sizes.bigstream_line_bytes
+    worker = bench.use_worker(
+        HARNESS_STREAM_MAXLEN=str(MAXLEN), HARNESS_COALESCE_TEXT_CHARS=str(COALESCE_CHARS)
+    )
+    run_id, container = _open_run(bench, backend)
+    key = bench.stream(run_id)
+    try:
+        script = f"@fill {total} {line}"
+        turn, seconds, growth, _ = _turn(bench, worker, run_id, script)
+        expected = math.ceil(total / line)
+        written, problem = _check_coalesced(bench, key, turn, expected, line)
+        result.checks[
+            f"{backend}: coalesced: all {expected:,} lines published in order, ids contiguous"
+        ] = not problem
+        if problem:
+            result.notes.append(f"{backend}: the coalesced stream: {problem}")
+        drain = _drain(bench, backend, script, container)
+        ours_rate = total / 1e6 / seconds
+        drain_rate = drain["bytes"] / 1e6 / drain["wall_s"]
+        result.add(
+            Figure(
+                f"{backend}: the same, coalesced ({COALESCE_CHARS // 1024} KiB): worker peak RSS"
+                " growth vs bare drain",
+                growth,
+                mib(drain["rss_peak"] - drain["rss_before"]),
+                "MiB",
+                target=f"<= {BOUND_MIB:g} MiB",
+                met=growth <= BOUND_MIB,
+            ),
+            Figure(
+                f"{backend}:   its throughput vs bare drain",
+                ours_rate,
+                drain_rate,
+                "MB/s",
+                target=f">= {THROUGHPUT_RATIO:g}x",
+                met=ours_rate >= THROUGHPUT_RATIO * drain_rate,
+            ),
+            Figure(
+                f"{backend}:   its stream entries vs one per line",
+                float(written),
+                float(expected),
+                "entries",
+            ),
+        )
+    finally:
+        bench.end_run(run_id)
+
+
+def run(bench: Bench) -> RowResult:
+    sizes = bench.sizes
+    big, total = sizes.bigline_bytes, sizes.bigstream_bytes
     result = RowResult("6", f"big output ({big / 1e6:g} MB line, {total / 1e6:g} MB of lines)")
     try:
         for backend in bench.backends:
-            # A fresh process per backend: CPython keeps memory it once used, so a worker that
-            # already held a backlog would hide the next one's growth.
-            worker = bench.use_worker(HARNESS_STREAM_MAXLEN=str(MAXLEN))
-            run_id = bench.start_run(backend, NOOP)
-            key = bench.stream(run_id)
-            wait_terminal(bench.redis, key, 1, timeout_s=120)
-            container = bench.client.status(run_id)["container_id"] if backend == "docker" else None
-            try:
-                # The oversized line.
-                script = f"@bigline {big}"
-                turn, seconds, growth, idle = _turn(bench, worker, run_id, script)
-                entries = read_turn(bench.redis, key, turn)
-                types = [fields["type"] for _, fields in entries]
-                counters = _dropped(worker, key, turn)
-                result.checks[f"{backend}: the {big / 1e6:g} MB line counted as oversized"] = (
-                    counters.get("oversized") == 1
-                )
-                expected_types = ["turn-started", "session", "workspace", "turn-complete"]
-                result.checks[f"{backend}: its turn completed, nothing of the line published"] = (
-                    types == expected_types
-                )
-                if types != expected_types:
-                    result.notes.append(f"{backend}: the big line's turn published {types}")
-                drain = _drain(bench, backend, script, container)
-                result.add(
-                    Figure(
-                        f"{backend}: {big / 1e6:g} MB line: worker peak RSS growth vs bare drain",
-                        growth,
-                        mib(drain["rss_peak"] - drain["rss_before"]),
-                        "MiB",
-                        target=f"<= {BOUND_MIB:g} MiB",
-                        met=growth <= BOUND_MIB,
-                    ),
-                    Figure(
-                        f"{backend}:   its turn, seconds vs bare drain",
-                        seconds,
-                        drain["wall_s"],
-                        "s",
-                    ),
-                )
-                # The big stream of small lines.
-                script = f"@fill {total} {line}"
-                turn, seconds, growth, _ = _turn(bench, worker, run_id, script)
-                expected = math.ceil(total / line)
-                # The turn ends: the last text line, the snapshot's workspace event, terminal.
-                last = bench.redis.xrevrange(key, count=3)
-                (last_id, last_fields), (_, snap_fields), (_, text_fields) = last
-                last_text = json.loads(text_fields["data"]).get("text", "")
-                complete = (
-                    last_id == f"{turn}-{expected + 3}"
-                    and last_fields["type"] == "turn-complete"
-                    and snap_fields["type"] == "workspace"
-                    and last_text.startswith(f"{expected - 1:010d} ")
-                )
-                result.checks[f"{backend}: all {expected:,} lines of the stream published"] = (
-                    complete
-                )
-                if not complete:
-                    result.notes.append(
-                        f"{backend}: the stream ends with {last_id} {last_fields['type']}, "
-                        f"{snap_fields['type']}, text {last_text[:20]!r}"
-                    )
-                drain = _drain(bench, backend, script, container)
-                ours_rate = total / 1e6 / seconds
-                drain_rate = drain["bytes"] / 1e6 / drain["wall_s"]
-                xadd_rate = total / 1e6 / _xadd_floor(bench, turn, expected, line)
-                result.add(
-                    Figure(
-                        f"{backend}: {total / 1e6:g} MB of {line} B lines: worker peak RSS growth"
-                        " vs bare drain",
-                        growth,
-                        mib(drain["rss_peak"] - drain["rss_before"]),
-                        "MiB",
-                        target=f"<= {BOUND_MIB:g} MiB",
-                        met=growth <= BOUND_MIB,
-                    ),
-                    Figure(
-                        f"{backend}:   its throughput vs bare drain",
-                        ours_rate,
-                        drain_rate,
-                        "MB/s",
-                        target=f">= {THROUGHPUT_RATIO:g}x",
-                        met=ours_rate >= THROUGHPUT_RATIO * drain_rate,
-                    ),
-                    Figure(
-                        f"{backend}:   its throughput vs the same entries by pipelined XADD",
-                        ours_rate,
-                        xadd_rate,
-                        "MB/s",
-                        target=f"restated: >= {THROUGHPUT_RATIO:g}x",
-                        met=ours_rate >= THROUGHPUT_RATIO * xadd_rate,
-                    ),
-                )
-                result.notes.append(f"{backend}: worker idle RSS {mib(idle):.1f} MiB")
-            finally:
-                bench.end_run(run_id)
+            _per_line(bench, backend, result)
+            _coalesced(bench, backend, result)
     finally:
         bench.stop_worker()
     if bench.docker_skip:
