@@ -3,7 +3,9 @@
 A thousand open streams cost neither a Redis connection nor a thread each: one
 :class:`StreamHub` task reads every watched run stream with ``XREAD`` (one connection, the
 stream keys in batches of ``HARNESS_API_READ_BATCH``) and puts each entry on the asyncio
-queue of every client of that run. A client first reads what it missed (``XRANGE`` from
+queue of every client of that run. A run the hub starts watching is read at once: while the
+hub waits in ``XREAD BLOCK`` on other runs, an entry in its own wake stream (one more key of
+that read) ends the wait. A client first reads what it missed (``XRANGE`` from
 its ``Last-Event-ID``, on the API's small shared pool) up to where the hub is, then takes
 the hub's entries: no gap, no duplicate. The hub looks at the runs' records every second,
 and ends a run's client streams once the run has ended and the hub has read its stream to
@@ -27,6 +29,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +82,9 @@ LOST = Ending(
 QUEUE_MAX = 10_000
 """Entries a client may fall behind by; past it its stream is closed (it resumes with
 ``Last-Event-ID``) rather than held in memory."""
+WAKE_TTL_S = 3600
+"""How long a hub's wake stream outlives its last wake (the hub removes it when it stops; this
+is for one that died)."""
 RECHECK_S = 5.0
 """At most this long between two checks that a stream's key still authenticates (or the
 keep-alive interval, when shorter)."""
@@ -141,6 +147,11 @@ class StreamHub:
         self._runs: dict[str, _Run] = {}
         self._by_key: dict[str, str] = {}
         self._wake = asyncio.Event()
+        """Set once a run was added since the hub last took its list of runs."""
+        self._wake_key = keys.hub_wake(uuid.uuid4().hex)
+        self._wake_cursor = str(START)
+        self._parked = False
+        """The hub's XREAD BLOCK was sent (or is about to be) without the runs added since."""
         self._next_check = 0.0
         self.draining = False
         """Set by :meth:`drain`: every stream is ending, no new one starts."""
@@ -151,6 +162,7 @@ class StreamHub:
 
     async def subscribe(self, run_id: str, after: EventId) -> Subscription:
         """A client of ``run_id``'s stream from after ``after`` (START: the start)."""
+        added = False
         run = self._runs.get(run_id)
         if run is None:
             key = self.keys.events(run_id)
@@ -163,7 +175,7 @@ class StreamHub:
                 run = _Run(key, end)
                 self._runs[run_id] = run
                 self._by_key[key] = run_id
-                self._wake.set()
+                added = True
         # The hub delivers what comes after its cursor; what lies between the client's id
         # and that cursor the client reads itself (it joins the queue first, so nothing the
         # hub reads meanwhile is lost).
@@ -171,7 +183,25 @@ class StreamHub:
         sub = Subscription(run_id, run.key, asyncio.Queue(QUEUE_MAX), after, upto)
         run.subscribers.add(sub)
         metrics.event_stream_opened()
+        if added:
+            await self._nudge()
         return sub
+
+    async def _nudge(self) -> None:
+        """Have the hub read the runs added since it last took its list now. Parked in XREAD
+        BLOCK, it is woken by an entry in its wake stream: one that reaches Redis before the
+        XREAD does ends it as well (a ``CLIENT UNBLOCK`` would be lost then)."""
+        if self._wake.is_set():
+            return  # woken already: its next pass takes every run added until then
+        self._wake.set()
+        if not self._parked:
+            return
+        pipe = self.pool.pipeline()  # MULTI: never a wake stream without its expiry
+        pipe.xadd(self._wake_key, {"wake": "1"}, maxlen=1, approximate=False)
+        pipe.expire(self._wake_key, WAKE_TTL_S)
+        # Redis failing here fails the hub's read too: the hub ends every stream then.
+        with contextlib.suppress(*UNREACHABLE_ERRORS):
+            await pipe.execute()
 
     async def backlog(self, sub: Subscription) -> AsyncIterator[Entry]:
         """What the client missed, a page at a time (never a whole stream in memory)."""
@@ -213,44 +243,57 @@ class StreamHub:
         """Read, fan out and end streams until cancelled. Redis out of reach ends every
         stream (:data:`UNREACHABLE`: their clients come back when it is); other faults are
         waited out."""
-        while True:
-            try:
-                await self._pass()
-            except asyncio.CancelledError:
-                raise
-            except UNREACHABLE_ERRORS as exc:
-                log.warning("sse.redis_unreachable", extra={"error": str(exc)})
-                self._end_all(UNREACHABLE)
-                await asyncio.sleep(1.0)
-            except redis.RedisError as exc:
-                log.warning("sse.read_failed", extra={"error": str(exc)})
-                await asyncio.sleep(1.0)
-            except Exception:  # the task's boundary: one pass's bug must not end every
-                log.exception("sse.hub_failed")  # stream of the process for good
-                await asyncio.sleep(1.0)
+        try:
+            while True:
+                try:
+                    await self._pass()
+                except asyncio.CancelledError:
+                    raise
+                except UNREACHABLE_ERRORS as exc:
+                    log.warning("sse.redis_unreachable", extra={"error": str(exc)})
+                    self._end_all(UNREACHABLE)
+                    self._wake_cursor = str(START)  # a restarted Redis may have lost its stream
+                    await asyncio.sleep(1.0)
+                except redis.RedisError as exc:
+                    log.warning("sse.read_failed", extra={"error": str(exc)})
+                    await asyncio.sleep(1.0)
+                except Exception:  # the task's boundary: one pass's bug must not end every
+                    log.exception("sse.hub_failed")  # stream of the process for good
+                    await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(*UNREACHABLE_ERRORS, TimeoutError):
+                await asyncio.wait_for(self.pool.delete(self._wake_key), 1.0)
 
     async def _pass(self) -> None:
+        self._wake.clear()  # runs added from here on wake it (:meth:`_nudge`)
         if not self._runs:
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.check_every_s)
             return
         streams = {run.key: run.cursor for run in self._runs.values()}
         keys = list(streams)
+        # One batch blocks until something comes (or its wake stream says a run was added);
+        # several are polled in turn.
+        block = self.block_ms if len(keys) <= self.batch else None
+        self._parked = block is not None
         got = False
-        for start in range(0, len(keys), self.batch):
-            chunk = {k: streams[k] for k in keys[start : start + self.batch]}
-            # One batch blocks until something comes; several are polled in turn.
-            block = self.block_ms if len(keys) <= self.batch else None
-            try:
-                reply = await self.reader.xread(chunk, count=500, block=block)
-            except redis.ResponseError:  # a key Redis refuses: find it, read the others
-                reply = await self._read_each(chunk)
-            for key, entries in reply or ():
-                got = got or bool(entries)
-                self._deliver(key, entries)
+        try:
+            for start in range(0, len(keys), self.batch):
+                chunk = {k: streams[k] for k in keys[start : start + self.batch]}
+                if block is not None:
+                    chunk[self._wake_key] = self._wake_cursor
+                try:
+                    reply = await self.reader.xread(chunk, count=500, block=block)
+                except redis.ResponseError:  # a key Redis refuses: find it, read the others
+                    reply = await self._read_each(chunk)
+                for key, entries in reply or ():
+                    got = got or bool(entries)
+                    self._deliver(key, entries)
+        finally:
+            self._parked = False
         if not got and len(keys) > self.batch:
-            await asyncio.sleep(self.block_ms / 1000 / 5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.block_ms / 1000 / 5)
         if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + self.check_every_s
             await self._end_finished()
@@ -278,6 +321,9 @@ class StreamHub:
             self._close(run, sub)
 
     def _deliver(self, key: str, entries: list[tuple[str, dict[str, str]]]) -> None:
+        if key == self._wake_key and entries:
+            self._wake_cursor = entries[-1][0]
+            return
         run_id = self._by_key.get(key)
         run = self._runs.get(run_id) if run_id else None
         if run is None:

@@ -386,6 +386,11 @@ class Keys:
         """Per client address of the HTTP API: ``auth-failures:WINDOW`` (worker/api/limits.py)."""
         return f"{self.prefix}:api-client:{address}:{part}"
 
+    def hub_wake(self, hub_id: str) -> str:
+        """The wake stream of one API process' SSE hub (worker/api/sse.py): an entry ends the
+        hub's ``XREAD BLOCK`` at once, so that a run it starts watching is read without delay."""
+        return f"{self.prefix}:api-hub:{hub_id}:wake"
+
     def webhooks(self, part: str) -> str:
         """The API's webhook deliveries (worker/api/webhooks.py): ``runs`` (watched run ids),
         ``cursor`` (run id to the last entry scanned), ``due`` (delivery ids by due time),

@@ -1,0 +1,124 @@
+"""The API's stream hub on its own (a real Redis, no API process): a run it starts watching
+is read at once, even while the hub waits in ``XREAD BLOCK`` on other runs, and the hub
+leaves nothing of its own in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from bench.private_redis import PrivateRedis
+from worker.api.sse import Ending, Entry, StreamHub, Subscription
+from worker.store.event_ids import START
+from worker.store.keys import Keys
+
+pytestmark = pytest.mark.redis
+
+BLOCK_MS = 5000
+"""Far longer than a new run may wait for its first event."""
+AT_ONCE_S = 1.0
+
+
+@asynccontextmanager
+async def running_hub(
+    url: str, keys: Keys
+) -> AsyncIterator[tuple[StreamHub, aioredis.Redis, asyncio.Task[None]]]:
+    reader = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
+    pool = aioredis.Redis.from_url(url, decode_responses=True)
+    hub = StreamHub(reader, pool, keys, block_ms=BLOCK_MS, check_every_s=60)
+    task = asyncio.create_task(hub.run())
+    try:
+        yield hub, pool, task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        async for key in pool.scan_iter(f"{keys.prefix}:*"):
+            await pool.delete(key)
+        await reader.aclose()
+        await pool.aclose()
+
+
+async def running(pool: Any, keys: Keys, *run_ids: str) -> None:
+    """Records of runs taking a turn (the hub keeps their streams open)."""
+    for run_id in run_ids:
+        await pool.hset(keys.run(run_id), "status", "running")
+        await pool.expire(keys.run(run_id), 600)
+
+
+async def first_event(hub: StreamHub, pool: aioredis.Redis, run_id: str) -> float:
+    """Seconds from a new run's first entry to its subscriber's queue."""
+    sub = await hub.subscribe(run_id, START)
+    sent = time.monotonic()
+    await pool.xadd(hub.keys.events(run_id), {"type": "turn-started", "data": "{}"}, id="1-1")
+    item = await asyncio.wait_for(sub.queue.get(), BLOCK_MS / 1000 * 2)
+    assert item == ("1-1", "turn-started", "{}")
+    return time.monotonic() - sent
+
+
+async def parked(hub: StreamHub, pool: aioredis.Redis, run_id: str) -> Subscription:
+    """The hub watching ``run_id`` alone, waiting in XREAD BLOCK on it."""
+    await running(pool, hub.keys, run_id)
+    sub = await hub.subscribe(run_id, START)
+    await asyncio.sleep(0.3)
+    return sub
+
+
+def scenario(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_new_run_is_read_at_once_while_the_hub_waits_on_another(redis_url: str) -> None:
+    keys = Keys("t" + uuid.uuid4().hex[:10])
+
+    async def body() -> None:
+        async with running_hub(redis_url, keys) as (hub, pool, _):
+            await parked(hub, pool, "idle")
+            await running(pool, keys, "fresh", "later")
+            assert await first_event(hub, pool, "fresh") < AT_ONCE_S
+            assert await first_event(hub, pool, "later") < AT_ONCE_S
+
+    scenario(body)
+
+
+def test_a_new_run_is_read_at_once_after_redis_restarts(private_redis: PrivateRedis) -> None:
+    keys = Keys("t" + uuid.uuid4().hex[:10])
+
+    async def body() -> None:
+        async with running_hub(private_redis.url, keys) as (hub, pool, _):
+            idle = await parked(hub, pool, "idle")
+            await running(pool, keys, "before")
+            assert await first_event(hub, pool, "before") < AT_ONCE_S
+            await asyncio.to_thread(private_redis.restart, 0.5)
+            ended: Entry | Ending = await asyncio.wait_for(idle.queue.get(), BLOCK_MS / 1000)
+            assert isinstance(ended, Ending) and ended.retry_ms is not None
+            await asyncio.sleep(1.5)  # the hub is back from its pause after the fault
+            await parked(hub, pool, "idle")
+            await running(pool, keys, "after")
+            assert await first_event(hub, pool, "after") < AT_ONCE_S
+
+    scenario(body)
+
+
+def test_the_hub_leaves_no_key_without_an_expiry_nor_any_once_stopped(redis_url: str) -> None:
+    keys = Keys("t" + uuid.uuid4().hex[:10])
+
+    async def body() -> None:
+        async with running_hub(redis_url, keys) as (hub, pool, task):
+            await parked(hub, pool, "idle")
+            await running(pool, keys, "fresh")
+            await first_event(hub, pool, "fresh")
+            runs = {keys.run("idle"), keys.run("fresh"), keys.events("fresh")}
+            hubs = {k async for k in pool.scan_iter(f"{keys.prefix}:*")} - runs
+            assert all([await pool.ttl(k) > 0 for k in hubs]), hubs
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert {k async for k in pool.scan_iter(f"{keys.prefix}:*")} == runs
+
+    scenario(body)
