@@ -12,11 +12,21 @@ The workers keep their default host queues: each names its Docker daemon
 (``<prefix>.host.docker.<daemon ID>``), so the workers of one daemon share one queue and
 the two daemons' workers never do. A worker is ready once its own heartbeat key
 (``<prefix>:worker:<hostname>:<pid>``) is there.
+
+It prints as well each run's first turn apart from its later ones and the runs each host
+took. With ``--costs`` it also measures what the load cost, per turn and per run
+(``bench.load_costs``: worker, Docker, container, Redis and broker figures, net of an idle
+window of ``--idle-s`` before the load), the inputs of ``docs/fleet-model.md``.
+``--own-redis`` puts the runs and the broker on a redis-server each of this command's own, so
+that their figures are the load's alone; ``--json PATH`` writes every figure.
+
+    python -m bench.scale_load --runs 100 --turns 3 --costs --own-redis --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -25,13 +35,18 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import docker
+from docker.client import DockerClient, from_env
 
+from bench.load_costs import Costs, measure_load
+from bench.private_redis import PrivateRedis
 from config import load_settings
 from worker.client import HarnessClient
+from worker.errors import RunEnded
 
 REPO = Path(__file__).resolve().parent.parent
 SECOND_DOCKERD = "unix:///run/harness-docker2.sock"
@@ -69,10 +84,10 @@ class Cluster:
     def workspace_root(self, host: Host) -> Path:
         return self.workdir / f"host-{host.name}"
 
-    def docker(self, host: Host) -> docker.DockerClient:
+    def docker(self, host: Host) -> DockerClient:
         if host.docker_url:
-            return docker.DockerClient(base_url=host.docker_url)
-        return docker.from_env()
+            return DockerClient(base_url=host.docker_url)
+        return from_env()
 
     def host_queue(self, host: Host) -> str:
         """The queue a worker on ``host`` consumes by default: it names the Docker daemon."""
@@ -248,24 +263,35 @@ class RunResult:
     queues: set[str] = field(default_factory=set)
     placed_on: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    queued: list[float] = field(default_factory=list)
+    in_flight: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     turns_done: int = 0
 
 
+def script_of(turn_s: float) -> str:
+    """A turn's demo script: wait ``turn_s`` (as a CLI waits on its model), then say which
+    container it ran in."""
+    return f"@sleep {turn_s:g}\n@run hostname" if turn_s > 0 else "@run hostname"
+
+
 def _drive_run(
-    cluster: Cluster, turns: int, result: RunResult | None, out: list[RunResult]
+    cluster: Cluster, turns: int, out: list[RunResult], script: str = "@run hostname"
 ) -> None:
     client = cluster.client()
     try:
-        script = "@run hostname"
-        submitted = time.monotonic()
+        submitted, sent = time.monotonic(), time.time()
         run_id = client.start_run("stdio-json", script, executable="harness-demo")
         result = RunResult(run_id)
         out.append(result)
         for turn in range(1, turns + 1):
             if turn > 1:
-                submitted = time.monotonic()
-                client.submit_turn(run_id, script)
+                submitted, sent = time.monotonic(), time.time()
+                try:
+                    client.submit_turn(run_id, script)
+                except RunEnded as ended:  # an earlier turn failed the run (its daemon went)
+                    result.problems.append(f"turn {turn}: not taken: {ended}")
+                    break
             terminal = client.wait(run_id, turn, timeout=300)
             result.latencies.append(time.monotonic() - submitted)
             events = [
@@ -281,6 +307,11 @@ def _drive_run(
             if terminal.type != "turn-complete":
                 result.problems.append(f"turn {turn}: {terminal.data}")
                 continue
+            # The publisher's clock (this machine's): sent -> turn-started -> terminal.
+            began = next((e.ts for e in events if e.type == "turn-started"), None)
+            if began is not None:
+                result.queued.append(began - sent)
+                result.in_flight.append(events[-1].ts - began)
             texts = [e.data["text"] for e in events if e.type == "assistant-text"]
             result.hostnames.update(t for t in texts if t)
             record = client.status(run_id)
@@ -295,6 +326,12 @@ def _drive_run(
         client.close()
 
 
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    """(p50, p95) of ``values``, 0 for none."""
+    ordered = sorted(values) or [0.0]
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+
+
 @dataclass
 class Report:
     runs: int
@@ -303,25 +340,53 @@ class Report:
     latencies: list[float]
     violations: list[str]
     leaked: int
+    first_turns: list[float] = field(default_factory=list)
+    """Submit → terminal of each run's first turn (the container's create and start in it)."""
+    later_turns: list[float] = field(default_factory=list)
+    runs_per_host: dict[str, int] = field(default_factory=dict)
+    queued: list[float] = field(default_factory=list)
+    """Each turn's submit -> ``turn-started`` (the broker, a free slot, the claim)."""
+    in_flight: list[float] = field(default_factory=list)
+    """Each turn's ``turn-started`` -> terminal, as published (the worker holds it)."""
 
     def lines(self) -> list[str]:
-        ordered = sorted(self.latencies) or [0.0]
-        p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+        p50, p95 = _percentiles(self.latencies)
+        first = _percentiles(self.first_turns)
+        later = _percentiles(self.later_turns)
+        queued, held = _percentiles(self.queued), _percentiles(self.in_flight)
+        hosts = " · ".join(f"host {h} {n}" for h, n in sorted(self.runs_per_host.items()))
         return [
             f"runs {self.runs} · turns {self.turns} in {self.seconds:.1f}s "
             f"· {self.turns / self.seconds:.1f} turns/s",
-            f"submit → terminal: p50 {statistics.median(ordered) * 1000:.0f} ms "
-            f"· p95 {p95 * 1000:.0f} ms",
+            f"submit → terminal: p50 {p50 * 1000:.0f} ms · p95 {p95 * 1000:.0f} ms",
+            f"  first turns: p50 {first[0] * 1000:.0f} ms · p95 {first[1] * 1000:.0f} ms; "
+            f"later turns: p50 {later[0] * 1000:.0f} ms · p95 {later[1] * 1000:.0f} ms",
+            f"  queued (submit → turn-started): p50 {queued[0] * 1000:.0f} ms · p95 "
+            f"{queued[1] * 1000:.0f} ms; in flight (turn-started → terminal): p50 "
+            f"{held[0] * 1000:.0f} ms · p95 {held[1] * 1000:.0f} ms · "
+            f"{sum(self.in_flight):.0f} turn-seconds",
+            f"runs (containers) per host: {hosts or 'none'}",
             f"affinity violations: {len(self.violations)}"
             + "".join(f"\n  - {v}" for v in self.violations[:20]),
             f"containers left after end and a reaper pass: {self.leaked}",
         ]
 
 
-def run_load(cluster: Cluster, runs: int, turns: int) -> Report:
+def run_load(
+    cluster: Cluster,
+    runs: int,
+    turns: int,
+    on_done: Callable[[], None] | None = None,
+    *,
+    turn_s: float = 0.0,
+) -> Report:
+    """Drive the load: ``runs`` at once, each of ``turns`` turns one after the other, each
+    turn holding its harness ``turn_s`` before it answers. ``on_done`` is called as the last
+    run has ended, before the checks and the reaper pass (the end of a measured window)."""
     results: list[RunResult] = []
+    script = script_of(turn_s)
     threads = [
-        threading.Thread(target=_drive_run, args=(cluster, turns, None, results))
+        threading.Thread(target=_drive_run, args=(cluster, turns, results, script))
         for _ in range(runs)
     ]
     started = time.monotonic()
@@ -330,6 +395,8 @@ def run_load(cluster: Cluster, runs: int, turns: int) -> Report:
     for thread in threads:
         thread.join()
     seconds = time.monotonic() - started
+    if on_done:
+        on_done()
     violations: list[str] = []
     queues = {cluster.host_queue(host): host.name for host in cluster.hosts}
     if len(queues) != len(cluster.hosts):
@@ -352,10 +419,71 @@ def run_load(cluster: Cluster, runs: int, turns: int) -> Report:
             violations.append(f"{result.run_id}: {result.turns_done}/{turns} turns completed")
     if len(results) != runs:
         violations.append(f"only {len(results)} of {runs} runs started")
-    cluster.reap()
+    try:
+        cluster.reap()
+    except RuntimeError as failed:  # reported with the rest, not instead of it
+        violations.append(str(failed)[-500:])
     leaked = len(cluster.containers())
     latencies = [x for r in results for x in r.latencies]
-    return Report(runs, len(latencies), seconds, latencies, violations, leaked)
+    return Report(
+        runs,
+        len(latencies),
+        seconds,
+        latencies,
+        violations,
+        leaked,
+        first_turns=[r.latencies[0] for r in results if r.latencies],
+        later_turns=[x for r in results for x in r.latencies[1:]],
+        runs_per_host=dict(Counter(h for r in results for h in r.placed_on)),
+        queued=[x for r in results for x in r.queued],
+        in_flight=[x for r in results for x in r.in_flight],
+    )
+
+
+def _own_redis(directory: Path) -> PrivateRedis:
+    directory.mkdir(parents=True, exist_ok=True)
+    server = PrivateRedis(directory, append_only=False)
+    server.start()
+    return server
+
+
+def _drive(cluster: Cluster, args: argparse.Namespace, broker: str) -> tuple[Report, Costs | None]:
+    if not args.costs:
+        return run_load(cluster, args.runs, args.turns, turn_s=args.turn_s), None
+    return measure_load(
+        lambda on_done: run_load(
+            cluster, args.runs, args.turns, on_done=on_done, turn_s=args.turn_s
+        ),
+        workers=[proc.pid for proc in cluster.processes],
+        hosts={host.name: host.docker_url for host in cluster.hosts},
+        scope=cluster.prefix,
+        idle_s=args.idle_s,
+        runs_url=args.redis,
+        broker_url=broker if broker.startswith("redis") and broker != args.redis else None,
+        broker_shared=broker == args.redis,
+    )
+
+
+def _figures(report: Report, costs: Costs | None) -> dict[str, object]:
+    p50, p95 = _percentiles(report.latencies)
+    return {
+        **(costs.figures if costs else {}),
+        "runs": report.runs,
+        "turns": report.turns,
+        "seconds": report.seconds,
+        "turns_per_s": report.turns / report.seconds,
+        "p50_ms": p50 * 1000,
+        "p95_ms": p95 * 1000,
+        "first_p50_ms": _percentiles(report.first_turns)[0] * 1000,
+        "later_p50_ms": _percentiles(report.later_turns)[0] * 1000,
+        "queued_p50_ms": _percentiles(report.queued)[0] * 1000,
+        "in_flight_p50_ms": _percentiles(report.in_flight)[0] * 1000,
+        "in_flight_s_per_turn": sum(report.in_flight) / max(len(report.in_flight), 1),
+        "queued_s_per_turn": sum(report.queued) / max(len(report.queued), 1),
+        "runs_per_host": report.runs_per_host,
+        "violations": len(report.violations),
+        "leaked": report.leaked,
+    }
 
 
 def main() -> int:
@@ -369,21 +497,52 @@ def main() -> int:
     )
     parser.add_argument("--broker", default=None, help="default: the Redis URL")
     parser.add_argument("--one-host", action="store_true", help="no second Docker daemon")
+    parser.add_argument(
+        "--turn-s",
+        type=float,
+        default=0.0,
+        help="each turn's harness waits this long before it answers (a CLI waiting on its model)",
+    )
+    parser.add_argument(
+        "--costs", action="store_true", help="also measure what the load cost (bench.load_costs)"
+    )
+    parser.add_argument(
+        "--idle-s", type=float, default=10.0, help="with --costs: the idle window before the load"
+    )
+    parser.add_argument(
+        "--own-redis",
+        action="store_true",
+        help="the runs (and, without --broker, the broker) on redis-servers of this command's "
+        "own, so that their commands, CPU and memory are the load's alone",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "harness-load"
     workdir.mkdir(parents=True, exist_ok=True)
-    cluster = start_cluster(
-        redis_url=args.redis,
-        broker_url=args.broker or args.redis,
-        workers_per_host=args.workers_per_host,
-        concurrency=args.concurrency,
-        workdir=workdir,
-        second_host=not args.one_host,
-    )
+    servers: list[PrivateRedis] = []
     try:
-        report = run_load(cluster, args.runs, args.turns)
+        if args.own_redis:
+            servers.append(_own_redis(workdir / "redis-runs"))
+            args.redis = servers[0].url
+            if args.broker is None:
+                servers.append(_own_redis(workdir / "redis-broker"))
+                args.broker = servers[1].url
+        broker = args.broker or args.redis
+        cluster = start_cluster(
+            redis_url=args.redis,
+            broker_url=broker,
+            workers_per_host=args.workers_per_host,
+            concurrency=args.concurrency,
+            workdir=workdir,
+            second_host=not args.one_host,
+        )
+        try:
+            report, costs = _drive(cluster, args, broker)
+        finally:
+            cluster.stop()
     finally:
-        cluster.stop()
+        for server in servers:
+            server.stop()
     hosts = len(cluster.hosts)
     print(
         f"{hosts} Docker hosts · {hosts * args.workers_per_host} worker processes "
@@ -391,6 +550,19 @@ def main() -> int:
     )
     for line in report.lines():
         print(line)
+    if costs:
+        print(f"costs (net of the idle rate over {costs.idle_s:.1f} s before the load):")
+        for line in costs.lines:
+            print("  " + line)
+    if args.json:
+        figures = {
+            **_figures(report, costs),
+            "hosts": hosts,
+            "workers_per_host": args.workers_per_host,
+            "concurrency": args.concurrency,
+            "turn_s": args.turn_s,
+        }
+        args.json.write_text(json.dumps(figures, indent=1))
     return 1 if report.violations or report.leaked else 0
 
 
