@@ -101,3 +101,25 @@ def shipped_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("HARNESS_"):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
+
+
+SECOND_DOCKERD = "second-dockerd"
+"""Files whose tests start, stop or load ``scripts/second-dockerd``: one such daemon per
+machine, so they run one after another whichever way the suite is spread."""
+SHARED_GROUPS = {
+    "tests/faults/test_chaos.py": SECOND_DOCKERD,
+    "tests/integration/test_docker_runs.py": SECOND_DOCKERD,
+    "tests/integration/test_host_identity.py": SECOND_DOCKERD,
+    "tests/scale/test_scale.py": SECOND_DOCKERD,
+    "tests/security/test_run_isolation.py": SECOND_DOCKERD,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (scripts/test's second phase) a file's tests run on one
+    xdist worker, in order, sharing the file's fixtures; the files of a shared group
+    together on one."""
+    for item in items:
+        path = Path(str(item.path))
+        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))
