@@ -44,8 +44,10 @@ COALESCE_CHARS = 32 * 1024
 (``FEED_BYTES`` in worker/turn/attempt.py; a read takes up to 256 KiB, eight such entries).
 It puts 32 of the 1 KiB lines into an entry, so the per-entry costs (an XADD, its id and
 fields, trimming, a consumer's read and parse of one event) are already spread thin and what
-is left costs per byte, which a larger bound does not save; a smaller one (16 KiB) keeps
-twice the entries. 32 KiB is also a size a consumer takes in one SSE frame without noticing.
+is left costs per byte (each line is still parsed as JSON): 100 MB through the local backend
+ran at 62-74 MB/s with 16, 32 or 64 KiB alike, so the bound only trades entries (16 KiB
+writes twice as many) against their size, and 32 KiB is one a consumer takes in one SSE
+frame without noticing.
 MAXLEN stays 10,000 entries, so at 1 GB Redis holds up to about 320 MB of this stream."""
 PAGE = 200
 """Entries per XRANGE while the coalesced stream is checked (at most ~6 MiB at a time)."""
