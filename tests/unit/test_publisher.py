@@ -15,6 +15,7 @@ from worker.observe.masking import MASK, Masker
 from worker.store.keys import Keys
 from worker.store.lua import SOURCES
 from worker.store.publisher import (
+    LEAVE_RUNNING_BYTES,
     LEAVE_RUNNING_MIN,
     SCRIPT_BATCH,
     SCRIPT_MIN,
@@ -235,6 +236,20 @@ def test_a_big_batchs_reply_is_read_at_the_next_publish(client: fakeredis.FakeRe
     assert publisher.publish(_texts("next")) is True  # read first, then the next sent
     assert (publisher.pending, publisher.published) == (0, LEAVE_RUNNING_MIN + 1)
     assert [e[0] for e in _entries(client)] == [f"1-{i}" for i in range(LEAVE_RUNNING_MIN + 1)]
+
+
+def test_a_few_big_events_are_left_running_too(client: fakeredis.FakeRedis) -> None:
+    """Coalesced text (HARNESS_COALESCE_TEXT_CHARS): a batch of a few big events keeps Redis
+    as busy as many small ones, and overlaps the worker's next read alike."""
+    publisher = _publisher(client)
+    texts = ["x" * (LEAVE_RUNNING_BYTES // 2), "y" * (LEAVE_RUNNING_BYTES // 2)]
+    assert publisher.publish(_texts(*texts)) is True
+    assert (publisher.pending, publisher.published) == (2, 0)  # its reply unread
+    small = RedisStreamPublisher(client, KEYS, "r" + "c" * 24, 1, maxlen=1000)
+    assert small.publish(_texts("a", "b")) is True
+    assert (small.pending, small.published) == (0, 2)  # a small batch's reply read at once
+    assert publisher.flush() is True
+    assert [json.loads(e[1]["data"])["text"] for e in _entries(client)] == texts
 
 
 def test_a_call_whose_connection_dropped_is_made_again_and_stores_once(

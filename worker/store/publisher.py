@@ -45,6 +45,9 @@ the second and later events would be stored after that terminal."""
 LEAVE_RUNNING_MIN = 16
 """A batch of at least this many events leaves its last script call running while the worker
 reads the harness's next output (a smaller one is read back at once, as cheap as waiting)."""
+LEAVE_RUNNING_BYTES = 64 * 1024
+"""... and so does a batch of fewer, bigger events holding at least this much data (coalesced
+text: Redis copies it as long as it would run many small events)."""
 _DUPLICATE_ID = "equal or smaller than the target stream top item"
 FIRST_ID = "1-0"
 """The run's first event: the only one that may create its stream."""
@@ -169,9 +172,13 @@ class RedisStreamPublisher:
         # One script call per chunk of the batch (xadd_batch.lua): redis-py packed and parsed
         # one XADD per event, most of our cost per event. The chunk bounds how long Redis is
         # busy with one call (~3 ms).
+        leave_last = leave_last and (
+            len(batch) >= LEAVE_RUNNING_MIN
+            or sum(len(data) for _, _, data, _ in batch) >= LEAVE_RUNNING_BYTES
+        )
         for at in range(0, len(batch), SCRIPT_BATCH):
             chunk = batch[at : at + SCRIPT_BATCH]
-            if leave_last and len(batch) >= LEAVE_RUNNING_MIN and at + SCRIPT_BATCH >= len(batch):
+            if leave_last and at + SCRIPT_BATCH >= len(batch):
                 self._sent = (
                     self._scripts.send_xadd_batch(self._key, self._maxlen, chunk),
                     len(chunk),
