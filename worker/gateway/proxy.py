@@ -5,9 +5,11 @@ by h11. A request is refused before it goes anywhere when the turn may make no m
 (:meth:`Hooks.refusal`: the turn is over, its credential revoked, a budget spent), when its
 target is outside the run's upstream, when its body is over the limit, or when it carries no
 stand-in of the turn (or one of another). Otherwise its stand-ins are swapped for the real keys
-(:mod:`worker.gateway.standins`), it is sent upstream with httpx, and the response comes back
-as it arrives: each chunk is written to the harness as it is read (never the whole body held),
-and fed to a :class:`~worker.gateway.wire.Meter` on the way for usage and the served model.
+(:mod:`worker.gateway.standins`), it is sent upstream (:mod:`worker.gateway.upstream_client`),
+and the response comes back as it arrives: what each read of the upstream brought is written
+to the harness at once, in one piece (never the whole body held: the upstream is read at most
+a read or two ahead of what the harness takes), and fed to a
+:class:`~worker.gateway.wire.Meter` on the way for usage and the served model.
 
 A primary model that fails (5xx, 529; 429 only when asked) before its response begins is
 asked again as the next fallback model, the same request with the model changed
@@ -26,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import h11
-import httpx
 import orjson
 
 from worker.gateway import wire
 from worker.gateway.echo import EchoMask
 from worker.gateway.standins import StandIns
+from worker.gateway.upstream_client import UpstreamClient, UpstreamFailed, UpstreamResponse
 from worker.gateway.upstreams import Upstream
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,9 @@ HOP_BY_HOP = frozenset(
         b"accept-encoding",
     }
 )
-"""Request headers not passed on as they came: hop-by-hop ones, and those httpx sets from the
-request it sends (the host, the length; the encoding asked for is identity, so that the meter
-reads what passes)."""
+"""Request headers not passed on as they came: hop-by-hop ones, and those the client sets from
+the request it sends (the host, the length; the encoding asked for is identity, so that the
+meter reads what passes)."""
 RESPONSE_DROPPED = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"trailer"})
 
 
@@ -105,7 +107,7 @@ class _TooLarge(Exception):
 class ModelProxy:
     """Serves one turn's connections (:meth:`serve`) for :class:`Policy` and :class:`Hooks`."""
 
-    def __init__(self, policy: Policy, hooks: Hooks, client: httpx.AsyncClient) -> None:
+    def __init__(self, policy: Policy, hooks: Hooks, client: UpstreamClient) -> None:
         self.policy, self.hooks, self.client = policy, hooks, client
         self.open = 0
         """Connections being served now."""
@@ -234,13 +236,8 @@ class ModelProxy:
         fallback_from: str | None = None
         while True:
             try:
-                response = await self.client.send(
-                    self.client.build_request(
-                        method.decode(), path + mark + query, headers=headers, content=body
-                    ),
-                    stream=True,
-                )
-            except httpx.HTTPError as exc:
+                response = await self.client.send(method, path + mark + query, headers, body)
+            except UpstreamFailed as exc:
                 reason = str(exc) or type(exc).__name__
                 origin = self.policy.upstream.origin
                 message = f"the upstream {origin} did not answer: {reason}"
@@ -271,19 +268,17 @@ class ModelProxy:
         self,
         conn: h11.Connection,
         writer: asyncio.StreamWriter,
-        response: httpx.Response,
+        response: UpstreamResponse,
         api: wire.API | None,
         model: str | None,
         fallback_from: str | None,
     ) -> None:
-        lowered = {k.lower(): v for k, v in response.headers.items()}
+        lowered = _lowered(response.headers)
         meter = wire.Meter(api, response.status_code, lowered, model)
         metered = False
         echo = EchoMask(self.policy.standins.real_values)
         out_headers = [
-            (k, echo.header(v))
-            for k, v in response.headers.raw
-            if k.lower() not in RESPONSE_DROPPED
+            (k, echo.header(v)) for k, v in response.headers if k.lower() not in RESPONSE_DROPPED
         ]
         try:
             writer.write(
@@ -298,8 +293,8 @@ class ModelProxy:
             )
             # Counted before the harness has the end (the last byte of a body of known length,
             # or the chunked terminator): what the turn does next sees the count.
-            left = _length(response)
-            async for chunk in response.aiter_raw():
+            left = _length(lowered)
+            while chunk := await response.read():
                 meter.feed(chunk)
                 if left is not None:
                     left -= len(chunk)
@@ -318,7 +313,7 @@ class ModelProxy:
                 writer.write(conn.send(h11.Data(data=rest)) or b"")
             writer.write(conn.send(h11.EndOfMessage()) or b"")
             await writer.drain()
-        except (httpx.HTTPError, h11.LocalProtocolError) as exc:
+        except (UpstreamFailed, h11.LocalProtocolError) as exc:
             # The upstream broke off mid-body: the harness's connection is closed unfinished,
             # as the upstream's was (it sees a truncated response, not a made-up end).
             log.info("gateway.upstream_broke_off", extra={"error": str(exc)})
@@ -428,8 +423,17 @@ def _json_body(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any
     return parsed if isinstance(parsed, dict) else None
 
 
-def _length(response: httpx.Response) -> int | None:
-    value = response.headers.get("content-length", "")
+def _lowered(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Header names lower-cased, a repeated one's values joined."""
+    lowered: dict[str, str] = {}
+    for raw, value in headers:
+        name, text = raw.decode("latin-1").lower(), value.decode("latin-1")
+        lowered[name] = f"{lowered[name]}, {text}" if name in lowered else text
+    return lowered
+
+
+def _length(headers: Mapping[str, str]) -> int | None:
+    value = headers.get("content-length", "")
     return int(value) if value.isdigit() else None
 
 
@@ -440,6 +444,6 @@ def _usage_unasked(body: dict[str, Any]) -> bool:
 
 
 def _plain_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """Headers for a body sent again as plain JSON (httpx sets its length)."""
+    """Headers for a body sent again as plain JSON (the client sets its length)."""
     kept = [(k, v) for k, v in headers if k not in (b"content-encoding", b"content-type")]
     return [*kept, (b"content-type", b"application/json")]

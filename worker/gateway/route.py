@@ -31,14 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import httpx
-
 from adapters.events import ErrorReason, Event, SandboxActivity, SessionError, Usage, session_error
 from sandbox.base import ExecSpec
 from sandbox.store import safe_fs
 from worker.gateway import relay, wire
 from worker.gateway.proxy import ModelProxy, Policy, Refusal
-from worker.gateway.upstream_client import upstream_client
+from worker.gateway.upstream_client import UpstreamClient, upstream_client
 from worker.tools.endpoint import EndpointLoop
 
 log = logging.getLogger(__name__)
@@ -52,7 +50,7 @@ ALIVE_CHECK_S = 1.0
 
 class GatewayLoop(EndpointLoop):
     """The worker process's asyncio loop for every turn's route (as the MCP endpoints have
-    theirs), with the httpx clients its upstream connections are pooled in (one per operator
+    theirs), with the clients its upstream connections are pooled in (one per operator
     settings)."""
 
     NAME: ClassVar[str] = "model-gateway"
@@ -61,10 +59,10 @@ class GatewayLoop(EndpointLoop):
 
     def __init__(self) -> None:
         super().__init__()
-        self._clients: dict[tuple[frozenset[tuple[str, str]], str | None], httpx.AsyncClient] = {}
+        self._clients: dict[tuple[frozenset[tuple[str, str]], str | None], UpstreamClient] = {}
         self._lock = threading.Lock()
 
-    def client(self, pins: Mapping[str, str], ca_file: str | None) -> httpx.AsyncClient:
+    def client(self, pins: Mapping[str, str], ca_file: str | None) -> UpstreamClient:
         key = (frozenset(pins.items()), ca_file)
         with self._lock:
             found = self._clients.get(key)
@@ -73,7 +71,7 @@ class GatewayLoop(EndpointLoop):
             return found
 
     @staticmethod
-    async def _make(pins: Mapping[str, str], ca_file: str | None) -> httpx.AsyncClient:
+    async def _make(pins: Mapping[str, str], ca_file: str | None) -> UpstreamClient:
         return upstream_client(pins, ca_file)
 
 

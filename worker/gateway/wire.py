@@ -280,7 +280,8 @@ def _after_last_blank_line(data: bytes, start: int, end: int) -> int:
     """Where the events in ``data[start:end]`` end (``start``, at an event's start, if none
     does): after the last blank line, LF or CRLF, wholly before ``end``."""
     lf = data.rfind(b"\n\n", start - 1, end)
-    crlf = data.rfind(b"\n\r\n", start - 1, end)
+    # Only a CRLF blank line from the last LF one on can end later (an LF stream: no scan).
+    crlf = data.rfind(b"\n\r\n", max(start - 1, lf), end)
     return max(start, lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
@@ -390,6 +391,13 @@ class Meter:
             self._body, self._body_size, self._body_over = [], 0, True
 
     def _feed_sse(self, data: bytes) -> None:
+        if (
+            not self._line_len
+            and not self._event_size
+            and data.endswith((b"\n\n", b"\n\r\n"))
+            and self._next_wanted(data, 0) == len(data)
+        ):
+            return  # whole events (a frame of a token, most often), none to read
         start = 0
         if self._line_len:  # a line begun in an earlier chunk
             end = data.find(b"\n")
