@@ -31,6 +31,7 @@ from worker.client.steering import Steering
 from worker.client.translate import translate
 from worker.client.triggers import Triggers
 from worker.client.workspace import WorkspaceRequests
+from worker.control import cancel as cancels
 from worker.errors import (
     InvalidInput,
     InvalidSettings,
@@ -511,7 +512,7 @@ class HarnessClient:
             return False
         turn = int(record["current_turn"])
         ttl = self.settings.retention_s + self.settings.run_lease_s
-        self.redis.set(self.keys.cancel(run_id, turn), "1", ex=ttl)
+        cancels.mark(self.redis, self.keys, run_id, turn, ttl)
         # A turn still in the queue ends here, and no worker can take it after; one a worker
         # holds is stopped by that worker, which sees the cancel mark.
         ref = TurnRef(

@@ -67,8 +67,14 @@ def to_turn(
     pipe = client.pipeline(transaction=True)
     pipe.execute_command("RPUSH", key, message.model_dump_json())
     pipe.expire(key, ttl_s)
-    pipe.execute_command("PUBLISH", keys.messages_channel(), f"{run_id}:{turn}")
+    ring(pipe, keys, run_id, turn)
     pipe.execute()
+
+
+def ring(pipe: Any, keys: Keys, run_id: str, turn: int) -> None:
+    """Add to ``pipe``, after what it writes for turn ``turn`` (a message, a cancel), the ring
+    that wakes the turn's read loop to look at once (:class:`worker.turn.steering.Bell`)."""
+    pipe.execute_command("PUBLISH", keys.messages_channel(), f"{run_id}:{turn}")
 
 
 def to_inbox(

@@ -388,7 +388,7 @@ class Guard:
         self, inner: Callable[[], SessionError | None], out: Halting
     ) -> Callable[[], SessionError | None]:
         """What the read loop asks every poll: a limit crossed by a usage event already
-        published (``out.halt``), then ``inner`` (cancel, shutdown), then the wall clock."""
+        published (``out.halt``), then ``inner`` (a hold lost, shutdown), then the wall clock."""
 
         def check() -> SessionError | None:
             return out.halt or inner() or self.on_clock()

@@ -273,7 +273,8 @@ class Keys:
 
     def messages_channel(self) -> str:
         """The pub/sub channel on which a sender says ``RUN_ID:TURN`` once it put a message
-        in that turn's list: the worker holding the turn takes it at once."""
+        in that turn's list or marked it cancelled: the worker holding the turn looks at
+        once."""
         return f"{self.prefix}:messages"
 
     def inboxes(self) -> str:

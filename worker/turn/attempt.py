@@ -28,6 +28,15 @@ log = logging.getLogger(__name__)
 
 STDERR_KEEP = 8192
 POLL_S = 0.2
+"""How often the read loop checks what it holds in memory (timeouts, a hold lost, shutdown,
+the permission gate, the MCP endpoint's and the model route's events)."""
+FALLBACK_POLL_S = 2.0
+"""How often the read loop asks Redis whether the turn was cancelled or sent a message while
+the bell listens (:class:`worker.turn.steering.Bell`): a cancel or a message rings it and is
+taken at once, so this poll only finds one whose ring was missed (a subscription cut, Redis
+restarted, a sender of an older version). Asked every POLL_S, these two commands were ten a
+second per turn in flight, two thirds of the runs' Redis commands at a fleet's peak
+(docs/fleet-model.md). While the bell is not listening the loop asks every POLL_S."""
 BATCH_BYTES = 256 * 1024
 """Output already waiting is fed and published together up to about this much."""
 FEED_BYTES = 32 * 1024
@@ -80,11 +89,18 @@ class SteeringHook(Protocol):
         self, adapter: Adapter[AdapterState], state: AdapterState, process: Process
     ) -> None: ...
 
-    def poll(self) -> SessionError | None: ...
+    def poll(self) -> SessionError | None:
+        """The turn's stop for a cancel or a message sent to it (Redis is asked)."""
+        ...
 
     @property
     def rung(self) -> bool:
-        """A message came for the turn: poll now, not at the next poll interval."""
+        """A message or a cancel came for the turn: poll now, not at the next poll interval."""
+        ...
+
+    @property
+    def ringing(self) -> bool:
+        """Whether a message or a cancel sent now rings (else the loop polls every POLL_S)."""
         ...
 
 
@@ -119,8 +135,9 @@ class Publishing:
         loop publishes what it metered, and stops the harness with its halt (a rate limit
         or a budget met at the gateway)."""
         self.steering: SteeringHook | None = None
-        """The messages sent to the turn while it runs: the read loop takes them with its
-        cancel check (a steer written to the harness, or the turn stopped for one)."""
+        """The messages and the cancel sent to the turn while it runs: the read loop takes
+        them when they ring and at its fallback poll (a steer written to the harness, or the
+        turn stopped for one)."""
         self.on_session: Callable[[Session], None] | None = None
         """Told each ``session`` event once it is handed to the publisher (the run record
         keeps it from then on, not only from the turn's end)."""
@@ -210,6 +227,8 @@ class _ReadLoop:
         self.last_output = self.previous = time.monotonic()
         self.terminal_at: float | None = None
         self.next_check = 0.0
+        self.next_remote = 0.0
+        """When the loop next asks Redis for a cancel or a message unrung."""
         self.stop: SessionError | None = None
         self.stall: Stall | None = None
 
@@ -238,7 +257,9 @@ class _ReadLoop:
             # that expired meanwhile: it is what the producer asked for.
             self.next_check = now + POLL_S
             self.stop = self.should_stop() or self.stop
-            if self.stop is None and steering is not None:
+            remote = timed_out or now >= self.next_remote
+            if self.stop is None and steering is not None and remote:
+                self.next_remote = now + (FALLBACK_POLL_S if steering.ringing else POLL_S)
                 self.stop = steering.poll()
             if self.stop is None and gate is not None:
                 self.out.send(gate.poll())

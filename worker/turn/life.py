@@ -298,20 +298,16 @@ class TurnLife:
         return _hold_lost()
 
     def stop_check(self) -> Callable[[], SessionError | None]:
-        """What the read loop asks every poll: stop for a lost hold, shutdown or cancel?"""
-        deps, ref, slot = self.deps, self.ref, self._slot
-        cancel_key = deps.keys.cancel(ref.run_id, ref.turn)
+        """What the read loop asks every poll, of this process alone: stop for a lost hold or
+        shutdown? (A cancel is asked of Redis with the turn's messages, less often:
+        :class:`worker.turn.steering.Steering`.)"""
+        deps, slot = self.deps, self._slot
 
         def check() -> SessionError | None:
             if HEARTBEATS.lost(slot):  # another worker ended the turn: stop its harness
                 return _hold_lost()
             if deps.shutdown.expired():
                 return session_error("the worker is shutting down", "shutdown")
-            try:
-                if deps.redis.exists(cancel_key):
-                    return session_error("the turn was cancelled", "cancelled")
-            except REDIS_ERRORS:
-                pass
             return None
 
         return check

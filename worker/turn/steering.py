@@ -1,5 +1,6 @@
-"""The messages a person sends to a running turn (``harness steer --mode steer|interrupt``),
-taken by its read loop as it polls for a cancel (:mod:`worker.control.messages`).
+"""The messages a person sends to a running turn (``harness steer --mode steer|interrupt``)
+and its cancel, taken by its read loop when the turn's bell rings and at its slow fallback
+poll (:mod:`worker.control.messages`, :mod:`worker.control.cancel`).
 
 A ``steer`` the turn's harness takes mid-turn (its adapter's ``steer`` writes a line on the
 harness's own channel: capability ``steering``) is published as a ``user-message`` of this
@@ -11,6 +12,7 @@ inbox: the next turn starts with it, in the same vendor session, and publishes i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -20,7 +22,7 @@ from typing import Any
 from adapters.events import SessionError, session_error
 from adapters.protocol import Adapter, AdapterState
 from sandbox.base import Process
-from worker.control import messages
+from worker.control import cancel, messages
 from worker.control.messages import Message
 from worker.store.errors import REDIS_ERRORS
 from worker.store.keys import Keys, SyncRedis
@@ -33,16 +35,19 @@ Ring = Callable[[], None]
 
 
 class Bell:
-    """Wakes the read loop of a turn a message was just sent to, so that a steer reaches its
-    harness within milliseconds rather than at the loop's next poll: one subscriber per
-    process (``Keys.messages_channel``), told ``RUN_ID:TURN`` by the sender after the
-    message is in the turn's list. A missed ring costs only latency: the loop's poll still
-    finds the message."""
+    """Wakes the read loop of a turn a message or a cancel was just sent to, so that it
+    reaches the turn within milliseconds and the loop need not ask Redis often: one
+    subscriber per process (``Keys.messages_channel``), told ``RUN_ID:TURN`` by the sender
+    after the message is in the turn's list or the cancel marked. A missed ring costs only
+    latency: the loop's slow poll still finds what was sent, and while the subscriber is not
+    listening (:meth:`listening`) the loop polls fast."""
 
     def __init__(self) -> None:
         self._rings: dict[tuple[str, str, int], Ring] = {}
         self._listening: set[tuple[int, str]] = set()
         """(the client's id, channel): one subscriber per Redis client (a process has one)."""
+        self._subscribed: set[tuple[int, str]] = set()
+        """Those of :attr:`_listening` whose subscription stands now."""
         self._lock = threading.Lock()
 
     def register(self, client: Any, keys: Keys, run_id: str, turn: int, ring: Ring) -> None:
@@ -61,16 +66,40 @@ class Bell:
         with self._lock:
             self._rings.pop((keys.prefix, run_id, turn), None)
 
+    def listening(self, client: Any, keys: Keys) -> bool:
+        """Whether a ring sent now reaches this process (its subscription stands)."""
+        return (id(client), keys.messages_channel()) in self._subscribed
+
     def _listen(self, client: Any, prefix: str, channel: str) -> None:
+        subscriber = (id(client), channel)
+        first = True
         while True:
+            pubsub = client.pubsub()
             try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(channel)
                 for item in pubsub.listen():
-                    self._ring(prefix, item.get("data"))
+                    if item.get("type") == "message":
+                        self._ring(prefix, item.get("data"))
+                    elif item.get("type") == "subscribe":
+                        # (Again after redis-py reconnected on its own: a read timeout.)
+                        with self._lock:
+                            self._subscribed.add(subscriber)
+                        if not first:
+                            self._ring_all(prefix)  # what was sent while it was away
+                        first = False
             except Exception as exc:  # noqa: BLE001 -- Redis away: the loop's poll still works
+                with self._lock:
+                    self._subscribed.discard(subscriber)
                 log.debug("messages.bell_lost", extra={"error": str(exc)})
+                with contextlib.suppress(Exception):
+                    pubsub.close()
                 time.sleep(1.0)
+
+    def _ring_all(self, prefix: str) -> None:
+        with self._lock:
+            rings = [ring for (at, _, _), ring in self._rings.items() if at == prefix]
+        for ring in rings:
+            ring()
 
     def _ring(self, prefix: str, data: object) -> None:
         if isinstance(data, bytes):
@@ -90,8 +119,9 @@ BELL = Bell()
 
 
 class Steering:
-    """One turn's incoming messages: :meth:`attach` binds it to a harness process (each
-    attempt's), :meth:`poll` is the read loop's, before each cancel check is trusted."""
+    """One turn's incoming messages and its cancel: :meth:`attach` binds it to a harness
+    process (each attempt's), :meth:`poll` is the read loop's, when the bell rang and at the
+    loop's fallback poll."""
 
     def __init__(
         self, client: SyncRedis, keys: Keys, run_id: str, turn: int, out: Publishing, ttl_s: int
@@ -104,7 +134,8 @@ class Steering:
         self.stop: SessionError | None = None
         """Why the turn stops for a message (an interrupt, a steer it could not take)."""
         self.rung = False
-        """A message was sent to the turn since the last :meth:`poll` (the loop polls now)."""
+        """A message or a cancel was sent to the turn since the last :meth:`poll` (the loop
+        polls now)."""
 
     def attach(self, adapter: Adapter[AdapterState], state: AdapterState, process: Process) -> None:
         self._adapter, self._state, self._process = adapter, state, process
@@ -120,11 +151,19 @@ class Steering:
         """The turn's harness is done: no more rings for it."""
         BELL.unregister(self.keys, self.run_id, self.turn)
 
+    @property
+    def ringing(self) -> bool:
+        """Whether what is sent to the turn now rings it (else the loop polls fast)."""
+        return BELL.listening(self.client, self.keys)
+
     def poll(self) -> SessionError | None:
-        """Take what was sent to the turn; the turn's stop when one of them stops it. Redis
-        being away is ridden out (the messages wait in their list)."""
+        """The turn's stop when it was cancelled; else take what was sent to it, and its stop
+        when one of them stops it. Redis being away is ridden out (the mark and the messages
+        wait; the messages of a cancelled turn are left in their list, for the next turn)."""
         self.rung = False
         try:
+            if cancel.marked(self.client, self.keys, self.run_id, self.turn):
+                return session_error("the turn was cancelled", "cancelled")
             taken = messages.take_for_turn(self.client, self.keys, self.run_id, self.turn)
         except REDIS_ERRORS:
             return self.stop
