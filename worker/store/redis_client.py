@@ -15,8 +15,9 @@ from worker.store.keys import SyncRedis
 
 def redis_client(settings: Settings) -> SyncRedis:
     # One immediate retry (a pooled connection gone stale after a Redis restart), no backoff:
-    # the turn loop checks for cancels every 0.2 s and does its own retrying where it must
-    # (publishing, the run record); redis-py's default backoff would stall it for seconds.
+    # the turn loop runs its checks every 0.2 s (and asks Redis on a ring or every 2 s) and
+    # does its own retrying where it must (publishing, the run record); redis-py's default
+    # backoff would stall it for seconds.
     try:
         client = redis.Redis.from_url(
             settings.redis_url,
