@@ -5,6 +5,7 @@ leaves nothing of its own in Redis."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,11 +29,11 @@ AT_ONCE_S = 1.0
 
 @asynccontextmanager
 async def running_hub(
-    url: str, keys: Keys
+    url: str, keys: Keys, check_every_s: float = 60
 ) -> AsyncIterator[tuple[StreamHub, aioredis.Redis, asyncio.Task[None]]]:
     reader = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
     pool = aioredis.Redis.from_url(url, decode_responses=True)
-    hub = StreamHub(reader, pool, keys, block_ms=BLOCK_MS, check_every_s=60)
+    hub = StreamHub(reader, pool, keys, block_ms=BLOCK_MS, check_every_s=check_every_s)
     task = asyncio.create_task(hub.run())
     try:
         yield hub, pool, task
@@ -122,3 +123,36 @@ def test_the_hub_leaves_no_key_without_an_expiry_nor_any_once_stopped(redis_url:
             assert {k async for k in pool.scan_iter(f"{keys.prefix}:*")} == runs
 
     scenario(body)
+
+
+@pytest.mark.parametrize(
+    ("broken", "logged"), [("events", "sse.stream_failed"), ("run", "sse.record_failed")]
+)
+def test_a_key_redis_refuses_is_logged_as_what_failed_whichever_read_meets_it(
+    redis_url: str, caplog: pytest.LogCaptureFixture, broken: str, logged: str
+) -> None:
+    """The run's stream key (or its record) made a string while the hub waits in XREAD BLOCK
+    on it: that wait has checked the key's type already, so the hub's check of the runs'
+    records (here on every pass) meets the fault first; the log names the key that failed,
+    as the next XREAD would."""
+    keys = Keys("t" + uuid.uuid4().hex[:10])
+    caplog.set_level(logging.WARNING, logger="worker.api.sse")
+
+    async def body() -> None:
+        async with running_hub(redis_url, keys, check_every_s=0) as (hub, pool, _):
+            await running(pool, keys, "broken", "other")
+            await pool.xadd(keys.events("broken"), {"type": "turn-started", "data": "{}"}, id="1-1")
+            victim = await parked(hub, pool, "broken")
+            other = await parked(hub, pool, "other")
+            key = keys.events("broken") if broken == "events" else keys.run("broken")
+            await pool.delete(key)
+            await pool.set(key, "not a stream")
+            for n in (1, 2):
+                await pool.xadd(keys.events("other"), {"type": "t", "data": "{}"}, id=f"1-{n}")
+                assert await asyncio.wait_for(other.queue.get(), 5) == (f"1-{n}", "t", "{}")
+            assert isinstance(await asyncio.wait_for(victim.queue.get(), 5), Ending)
+            assert other.queue.empty()
+
+    scenario(body)
+    said = [r.getMessage() for r in caplog.records if r.name == "worker.api.sse"]
+    assert said == [logged]

@@ -355,9 +355,13 @@ class StreamHub:
         replies = await pipe.execute(raise_on_error=False)
         for at, (run_id, run) in enumerate(items):
             status, newest = replies[2 * at], replies[2 * at + 1]
-            failed = [r for r in (status, newest) if isinstance(r, redis.ResponseError)]
-            if failed:
-                self._drop(run_id, "sse.record_failed", str(failed[0]))
+            # Named by the key refused, not by which read met it first: a stream key made
+            # bad while the hub waits in XREAD BLOCK on it is met here first.
+            if isinstance(newest, redis.ResponseError):
+                self._drop(run_id, "sse.stream_failed", str(newest))
+                continue
+            if isinstance(status, redis.ResponseError):
+                self._drop(run_id, "sse.record_failed", str(status))
                 continue
             run.end = stream_end.end_of(status, newest)
             run.lost = stream_end.lost(status, newest)
