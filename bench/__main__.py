@@ -16,6 +16,7 @@ import importlib
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from bench.context import Bench
@@ -54,7 +55,14 @@ def run_rows(bench: Bench, rows: list[str], *, progress: bool = True) -> list[Ro
         # What the last row left for the collector is collected now, not in this row's
         # timed loops (row 7's manifests cost row 8 a few hundredths in full runs).
         gc.collect()
-        results.append(module.run(bench))
+        try:
+            results.append(module.run(bench))
+        except Exception as exc:  # noqa: BLE001 -- a row that fails is reported, the rest run
+            traceback.print_exc()
+            failed = RowResult(row, "raised before it finished")
+            failed.checks[f"row {row} ran to its end"] = False
+            failed.notes.append(f"row {row}: {type(exc).__name__}: {exc}")
+            results.append(failed)
         if progress:
             print(f"row {row} done in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return results

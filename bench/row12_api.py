@@ -72,6 +72,8 @@ class ApiServer:
             **self.bench.env.vars,
             "HARNESS_TENANTS_FILE": str(self.tenants_file),
             "HARNESS_API_RATE_LIMIT": "0",
+            # The fan-out holds up to 1,000 streams of one tenant (the default allows 50).
+            "HARNESS_API_STREAMS_PER_TENANT": "0",
         }
         argv = [sys.executable, "-m", "uvicorn", "--factory", "worker.api.app:create_app"]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
