@@ -110,7 +110,10 @@ def test_a_spent_budget_is_stopped_at_the_gateway(e2e: Deployment, harness: Harn
     assert terminal["type"] == "session-error", followed.describe()
     assert terminal["data"]["reason"] == "budget", followed.describe()
     answered = [c for c in e2e.requests(word) if c.status == 200]
-    assert len(answered) == 1, followed.describe()
+    # OpenCode sends a title request beside the turn's first: when both are let through before
+    # either's usage is counted, both are answered (docs/security.md: the budget can be passed
+    # by what was in flight); the tool scenario's next call, after the spend, is refused.
+    assert 1 <= len(answered) <= (2 if harness.id == "opencode" else 1), followed.describe()
     refused = [
         a["description"]
         for a in of_type(followed, "sandbox-activity")

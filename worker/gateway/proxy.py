@@ -98,9 +98,6 @@ class Policy:
     """Names the operator pins to addresses (HARNESS_EGRESS_HOSTS)."""
     ca_file: str | None = None
     """A CA the upstreams' certificates may chain to besides the system's."""
-    budgeted: bool = False
-    """A token budget holds the turn: a request waits until every response let through
-    before it is counted (see :class:`ModelProxy`)."""
 
 
 class _TooLarge(Exception):
@@ -108,23 +105,12 @@ class _TooLarge(Exception):
 
 
 class ModelProxy:
-    """Serves one turn's connections (:meth:`serve`) for :class:`Policy` and :class:`Hooks`.
-
-    Under a budget (:attr:`Policy.budgeted`) the turn's requests are let through one at a
-    time: each is checked only once the responses let through before it are counted. A CLI
-    may send its next request before the gateway has counted the last response, on a
-    connection of its own: a side call at once beside its turn (opencode's title), or the
-    next call on the stream's last frame, relayed before the body's end. Checked at once, it
-    would pass a budget that response spends."""
+    """Serves one turn's connections (:meth:`serve`) for :class:`Policy` and :class:`Hooks`."""
 
     def __init__(self, policy: Policy, hooks: Hooks, client: UpstreamClient) -> None:
         self.policy, self.hooks, self.client = policy, hooks, client
         self.open = 0
         """Connections being served now."""
-        self.uncounted = 0
-        """Requests let through whose response is not counted yet."""
-        self._counted = asyncio.Event()
-        self._counted.set()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= self.policy.max_connections:
@@ -175,11 +161,6 @@ class ModelProxy:
     async def _handle(
         self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes
     ) -> None:
-        if self.policy.budgeted:
-            while self.uncounted:
-                await self._counted.wait()
-        # Nothing awaits from the check to ``uncounted`` taking this request in: the next
-        # request's check waits for this one's count.
         refusal = self.hooks.refusal()
         if refusal is not None:
             await self._refuse(conn, writer, refusal)
@@ -212,14 +193,7 @@ class ModelProxy:
                 Refusal(401, "no_run_credential", f"harness-worker model gateway: {why}"),
             )
             return
-        self.uncounted += 1
-        self._counted.clear()
-        try:
-            await self._forward(conn, writer, request.method, url, headers, body)
-        finally:
-            self.uncounted -= 1
-            if not self.uncounted:
-                self._counted.set()
+        await self._forward(conn, writer, request.method, url, headers, body)
 
     def _swap(
         self, raw: Sequence[tuple[bytes, bytes]]

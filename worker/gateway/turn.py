@@ -95,12 +95,9 @@ def serve(
     network: str,
     alive: Callable[[], bool],
     over_budget: Callable[[WireTotals], SessionError | None],
-    budgeted: bool = False,
 ) -> Iterator[TurnRoute | None]:
     """The turn's route while the block runs (None when the turn has no model key to route).
-    ``workspace`` is the run's workspace on this host; ``budgeted``: a token budget holds the
-    turn (its requests are let through one at a time, each checked against the counts of
-    those before it: :class:`~worker.gateway.proxy.ModelProxy`)."""
+    ``workspace`` is the run's workspace on this host."""
     if plan_.upstream is None:
         yield None
         return
@@ -114,7 +111,6 @@ def serve(
         fallback_on_429=settings.fallback_on_429,
         pins=settings.egress_hosts,
         ca_file=settings.model_ca_file,
-        budgeted=budgeted,
     )
     route = ModelRoute(
         policy,

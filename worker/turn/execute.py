@@ -632,7 +632,6 @@ class _TurnRun:
             self.models, self.options, deps.settings, request, placement, work.path,
             run_id=self.run_id, network=resolved.network, alive=alive,
             over_budget=lambda wire: guard.at_gateway(wire.tokens, out.usage),
-            budgeted=guard.budget.get("max_tokens") is not None,
         ) as routed:  # fmt: skip
             if routed is None:
                 yield request
