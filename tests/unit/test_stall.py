@@ -122,6 +122,12 @@ def test_a_stalled_turn_says_its_last_event_and_what_runs(tmp_path: Path) -> Non
         redis=redis, keys=keys, report_after_s=5, clock=lambda: now[0],
     )  # fmt: skip
     try:
+        # Until the child has exec'd its command line reads as its parent's ("python").
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            "time.sleep(30)" in row.command for row in sandbox.processes("r2").processes
+        ):
+            time.sleep(0.02)
         text = stall.describe(last_output=95.0)
         assert text.startswith("the last event was assistant-text, 10s ago; the last output 5s ago")
         assert "time.sleep(30)" in text
