@@ -219,13 +219,10 @@ def _per_line(bench: Bench, backend: str, result: RowResult) -> None:
             result.notes.append(f"{backend}: the big line's turn published {types}")
         drain = _drain(bench, backend, script, container)
         result.add(
-            Figure(
+            _memory(
                 f"{backend}: {big / 1e6:g} MB line: worker peak RSS growth vs bare drain",
                 growth,
-                mib(drain["rss_peak"] - drain["rss_before"]),
-                "MiB",
-                target=f"<= {BOUND_MIB:g} MiB",
-                met=growth <= BOUND_MIB,
+                drain,
             ),
             Figure(f"{backend}:   its turn, seconds vs bare drain", seconds, drain["wall_s"], "s"),
         )
@@ -254,35 +251,48 @@ def _per_line(bench: Bench, backend: str, result: RowResult) -> None:
         drain_rate = drain["bytes"] / 1e6 / drain["wall_s"]
         xadd_rate = total / 1e6 / _xadd_floor(bench, turn, expected, line)
         result.add(
-            Figure(
+            _memory(
                 f"{backend}: {total / 1e6:g} MB of {line} B lines: worker peak RSS growth"
                 " vs bare drain",
                 growth,
-                mib(drain["rss_peak"] - drain["rss_before"]),
-                "MiB",
-                target=f"<= {BOUND_MIB:g} MiB",
-                met=growth <= BOUND_MIB,
+                drain,
             ),
-            Figure(
-                f"{backend}:   its throughput vs bare drain",
-                ours_rate,
-                drain_rate,
-                "MB/s",
-                target=f">= {THROUGHPUT_RATIO:g}x",
-                met=ours_rate >= THROUGHPUT_RATIO * drain_rate,
-            ),
-            Figure(
+            _throughput(f"{backend}:   its throughput vs bare drain", ours_rate, drain_rate),
+            _throughput(
                 f"{backend}:   its throughput vs the same entries by pipelined XADD",
                 ours_rate,
                 xadd_rate,
-                "MB/s",
-                target=f"restated: >= {THROUGHPUT_RATIO:g}x",
-                met=ours_rate >= THROUGHPUT_RATIO * xadd_rate,
+                restated=True,
             ),
         )
         result.notes.append(f"{backend}: worker idle RSS {mib(idle):.1f} MiB")
     finally:
         bench.end_run(run_id)
+
+
+def _throughput(name: str, ours: float, baseline: float, restated: bool = False) -> Figure:
+    """A throughput line with the row's ">= 0.5x" target (the issue's, or restated)."""
+    target = f">= {THROUGHPUT_RATIO:g}x"
+    return Figure(
+        name,
+        ours,
+        baseline,
+        "MB/s",
+        target=f"restated: {target}" if restated else target,
+        met=ours >= THROUGHPUT_RATIO * baseline,
+    )
+
+
+def _memory(name: str, growth: float, drain: dict[str, float]) -> Figure:
+    """Worker peak RSS growth against the row's bound, beside the bare drain's."""
+    return Figure(
+        name,
+        growth,
+        mib(drain["rss_peak"] - drain["rss_before"]),
+        "MiB",
+        target=f"<= {BOUND_MIB:g} MiB",
+        met=growth <= BOUND_MIB,
+    )
 
 
 def _coalesced(bench: Bench, backend: str, result: RowResult) -> None:
@@ -309,30 +319,18 @@ def _coalesced(bench: Bench, backend: str, result: RowResult) -> None:
         drain_rate = drain["bytes"] / 1e6 / drain["wall_s"]
         parsing_rate = parsing["bytes"] / 1e6 / parsing["wall_s"]
         result.add(
-            Figure(
+            _memory(
                 f"{backend}: the same, coalesced ({COALESCE_CHARS // 1024} KiB): worker peak RSS"
                 " growth vs bare drain",
                 growth,
-                mib(drain["rss_peak"] - drain["rss_before"]),
-                "MiB",
-                target=f"<= {BOUND_MIB:g} MiB",
-                met=growth <= BOUND_MIB,
+                drain,
             ),
-            Figure(
-                f"{backend}:   its throughput vs bare drain",
-                ours_rate,
-                drain_rate,
-                "MB/s",
-                target=f">= {THROUGHPUT_RATIO:g}x",
-                met=ours_rate >= THROUGHPUT_RATIO * drain_rate,
-            ),
-            Figure(
+            _throughput(f"{backend}:   its throughput vs bare drain", ours_rate, drain_rate),
+            _throughput(
                 f"{backend}:   its throughput vs a bare drain that parses each line",
                 ours_rate,
                 parsing_rate,
-                "MB/s",
-                target=f"restated: >= {THROUGHPUT_RATIO:g}x",
-                met=ours_rate >= THROUGHPUT_RATIO * parsing_rate,
+                restated=True,
             ),
             Figure(
                 f"{backend}:   its stream entries vs one per line",
