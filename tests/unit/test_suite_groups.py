@@ -3,8 +3,6 @@ every file that drives the machine's one second Docker daemon must be in its sha
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tests.conftest import ROOT, SECOND_DOCKERD, SHARED_GROUPS
 
 USES_SECOND_DOCKERD = ("second-dockerd", "bench.chaos", "bench.scale_load")
