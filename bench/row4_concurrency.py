@@ -32,9 +32,10 @@ from bench.stats import mib, p50
 from bench.table import Figure, RowResult
 from bench.worker import ROOT, WorkerProcess
 
-TARGET_FLOOR_RATIO = 1.15
-"""Issue 28: against the floor this machine sets (N bare harnesses at once, same run); the
-same target, restated, against N bare harnesses run by Celery tasks at once."""
+TARGET_FLOOR_RATIO = 1.25
+"""Issue 41: against the floor this machine sets (N bare harnesses released together through
+the same sandbox, same run; issue 28 asked 1.15x); the same target, restated, against N bare
+harnesses run by Celery tasks at once."""
 TARGET_WALL_RATIO = 1.25
 """Issue 8: against the S ideal (below what two vCPUs can do at all; kept to show it)."""
 TARGET_MIB_PER_TURN = 5.0
