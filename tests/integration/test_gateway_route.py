@@ -19,12 +19,11 @@ import pytest
 
 from adapters.events import Event, SandboxActivity, SessionError, Usage, session_error
 from tests.fakemodel import FakeModelServer
+from tests.integration.model_routes import REAL, route_to
 from worker.gateway.proxy import Policy
 from worker.gateway.route import ModelRoute
 from worker.gateway.standins import StandIns
 from worker.gateway.upstreams import Upstream
-
-REAL = "sk-real-key-of-the-operator-0123456789"
 
 
 @dataclass
@@ -314,24 +313,12 @@ class _Echoing(http.server.BaseHTTPRequestHandler):
 def test_an_upstream_that_quotes_the_real_key_never_shows_it_to_the_harness() -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echoing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    standins = StandIns.issue({"OPENAI_API_KEY": REAL})
-    route = ModelRoute(
-        Policy(
-            upstream=Upstream.parse(f"http://127.0.0.1:{server.server_port}/v1", "base-url"),
-            standins=standins,
-            request_max_bytes=1 << 20,
-        ),
-        run_id="r-test",
-        alive=lambda: True,
-        over_budget=lambda wire: None,
-        relay_port=0,
-    )
-    route.open_loopback()
+    route, standin = route_to(f"http://127.0.0.1:{server.server_port}/v1")
     try:
         answer = httpx.post(
             route.base_url + "/chat/completions",
             json=chat(),
-            headers={"authorization": f"Bearer {standins.by_name['OPENAI_API_KEY']}"},
+            headers={"authorization": f"Bearer {standin}"},
             timeout=30,
         )
     finally:

@@ -17,13 +17,10 @@ import pytest
 
 from adapters.events import Usage
 from tests.fakemodel import FakeModelServer, tls
+from tests.integration.model_routes import REAL, route_to
 from worker.gateway import network
-from worker.gateway.proxy import Policy
 from worker.gateway.route import ModelRoute
-from worker.gateway.standins import StandIns
-from worker.gateway.upstreams import Upstream
 
-REAL = "sk-real-key-of-the-operator-0123456789"
 NAME = "models.gateway-test.invalid"
 """A name no resolver knows: only the pin reaches it."""
 
@@ -40,22 +37,9 @@ def https_fake(ca: tls.TestCA) -> Iterator[FakeModelServer]:
 
 
 def _route(fake: FakeModelServer, ca_file: Path | None) -> tuple[ModelRoute, str]:
-    standins = StandIns.issue({"OPENAI_API_KEY": REAL})
-    route = ModelRoute(
-        Policy(
-            upstream=Upstream.parse(fake.url + "/v1", "base-url"),
-            standins=standins,
-            request_max_bytes=1 << 20,
-            pins={NAME: "127.0.0.1"},
-            ca_file=str(ca_file) if ca_file else None,
-        ),
-        run_id="r-test",
-        alive=lambda: True,
-        over_budget=lambda wire: None,
-        relay_port=0,
+    return route_to(
+        fake.url + "/v1", pins={NAME: "127.0.0.1"}, ca_file=str(ca_file) if ca_file else None
     )
-    route.open_loopback()
-    return route, standins.by_name["OPENAI_API_KEY"]
 
 
 def _chat(stream: bool) -> dict[str, object]:

@@ -21,14 +21,11 @@ import pytest
 
 from adapters.events import Event, Usage
 from tests.fakemodel import FakeModelServer
+from tests.integration.model_routes import REAL, route_to
 from worker.gateway import h1client
-from worker.gateway.proxy import Policy
 from worker.gateway.route import ModelRoute
-from worker.gateway.standins import StandIns
 from worker.gateway.upstream_client import HttpxClient, upstream_client
-from worker.gateway.upstreams import Upstream
 
-REAL = "sk-real-key-of-the-operator-0123456789"
 SSE = b"content-type: text/event-stream\r\n"
 USAGE_FRAME = (
     b'data: {"model":"m-1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}\n\n'
@@ -121,21 +118,9 @@ class Turn:
 def turn() -> Iterator[Turn]:
     server = _Server()
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    standins = StandIns.issue({"OPENAI_API_KEY": REAL})
     host, port = server.server_address[:2]
-    route = ModelRoute(
-        Policy(
-            upstream=Upstream.parse(f"http://{host!s}:{port}/v1", "base-url"),
-            standins=standins,
-            request_max_bytes=1 << 20,
-        ),
-        run_id="r-test",
-        alive=lambda: True,
-        over_budget=lambda wire: None,
-        relay_port=0,
-    )
-    route.open_loopback()
-    opened = Turn(route, standins.by_name["OPENAI_API_KEY"], server)
+    route, standin = route_to(f"http://{host!s}:{port}/v1")
+    opened = Turn(route, standin, server)
     yield opened
     opened.harness.close()
     route.close()
@@ -212,27 +197,14 @@ def test_behind_the_environments_proxy_httpx_carries_the_requests(
     assert isinstance(upstream_client({}, None), HttpxClient)
     assert os.environ["HTTP_PROXY"]
     with FakeModelServer() as fake:
-        standins = StandIns.issue({"OPENAI_API_KEY": REAL})
-        route = ModelRoute(
-            Policy(
-                upstream=Upstream.parse(fake.url + "/v1", "base-url"),
-                standins=standins,
-                request_max_bytes=1 << 20,
-            ),
-            run_id="r-test",
-            alive=lambda: True,
-            over_budget=lambda wire: None,
-            relay_port=0,
-        )
-        route.client = upstream_client({}, None)  # not the loop's cached one
-        route.open_loopback()
+        route, standin = route_to(fake.url + "/v1", client=upstream_client({}, None))
         try:
             for stream in (False, True):
                 answer = httpx.post(
                     route.base_url + "/chat/completions",
                     json={"model": "fake-model", "stream": stream,
                           "messages": [{"role": "user", "content": "hi"}]},
-                    headers={"authorization": f"Bearer {standins.by_name['OPENAI_API_KEY']}"},
+                    headers={"authorization": f"Bearer {standin}"},
                     timeout=30,
                 )  # fmt: skip
                 assert answer.status_code == 200, answer.text
