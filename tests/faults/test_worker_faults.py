@@ -254,14 +254,21 @@ def test_stubborn_harness_is_killed_with_its_children_on_cancel(
     assert_no_leftovers(env, client, run_id, timeout=1)
 
 
-def test_flooding_harness_loses_no_event(env: Env, workers: list[WorkerProcess]) -> None:
-    workers.append(start_worker(env))
+def _flood(env: Env, workers: list[WorkerProcess], **settings: str) -> list[StreamEvent]:
+    """The events of a 50,000-line flood's turn, through a worker with these settings, once
+    it completed with one terminal."""
+    workers.append(start_worker(env, **settings))
     client = env.client()
     run_id = client.start_run("stdio-json", "@flood 50000", executable=DEMO)
     terminal = client.wait(run_id, 1, timeout=120)
     assert terminal.type == "turn-complete"
     events = turn_events(client, run_id, 1)
     assert_one_terminal(events)
+    return events
+
+
+def test_flooding_harness_loses_no_event(env: Env, workers: list[WorkerProcess]) -> None:
+    events = _flood(env, workers)
     texts = [e.data["text"] for e in events if e.type == "assistant-text"]
     assert texts == [f"flood {i}" for i in range(50000)]
 
@@ -271,13 +278,7 @@ def test_flood_coalesced_loses_no_text_and_keeps_the_ids(
 ) -> None:
     """HARNESS_COALESCE_TEXT_CHARS: the flood's lines read together become fewer entries, each
     within the bound, their text the same text in the same order; ids stay {turn}-{seq}."""
-    workers.append(start_worker(env, HARNESS_COALESCE_TEXT_CHARS="4096"))
-    client = env.client()
-    run_id = client.start_run("stdio-json", "@flood 50000", executable=DEMO)
-    terminal = client.wait(run_id, 1, timeout=120)
-    assert terminal.type == "turn-complete"
-    events = turn_events(client, run_id, 1)
-    assert_one_terminal(events)
+    events = _flood(env, workers, HARNESS_COALESCE_TEXT_CHARS="4096")
     assert [e.id for e in events] == [f"1-{seq}" for seq in range(len(events))]
     texts = [e.data["text"] for e in events if e.type == "assistant-text"]
     assert "".join(texts) == "".join(f"flood {i}" for i in range(50000))
