@@ -398,6 +398,113 @@ def test_one_tenant_holds_at_most_its_share_of_streams(env: Env, worker: WorkerP
         api.stop()
 
 
+@pytest.fixture(scope="module")
+def five_streams(env: Env, worker: WorkerProcess) -> Iterator[ApiProcess]:
+    """A ``harness api`` whose tenants hold at most 5 event streams each."""
+    api = start_harness_api(env, "five", HARNESS_API_STREAMS_PER_TENANT="5")
+    yield api
+    api.stop()
+
+
+async def _statuses_at_once(api: ApiProcess, tenant: str, path: str, count: int) -> list[int]:
+    """``count`` streams of ``path`` opened at once, each on its connection: the statuses
+    they answered, taken while all of them are open (the admitted ones close after)."""
+    async with _client(api, tenant) as http:  # up to 100 connections at once
+        requests = [http.build_request("GET", path) for _ in range(count)]
+        answers = await asyncio.gather(*(http.send(r, stream=True) for r in requests))
+        try:
+            return [answer.status_code for answer in answers]
+        finally:
+            for answer in answers:
+                await answer.aclose()
+
+
+def _all_slots_free(api: ApiProcess, tenant: str, path: str) -> None:
+    """The tenant's 5 slots come back (within seconds: a closed stream is noticed at its
+    next keep-alive) and not one more: 5 open at once, a sixth is refused."""
+    deadline = time.monotonic() + 10
+    while asyncio.run(_statuses_at_once(api, tenant, path, 5)) != [200] * 5:
+        assert time.monotonic() < deadline, "the closed streams' slots never came back"
+        time.sleep(0.2)
+
+    async def five_and_one() -> tuple[list[int], int]:
+        async with _client(api, tenant) as http:
+            held = [await http.send(http.build_request("GET", path), stream=True) for _ in range(5)]
+            try:
+                async with http.stream("GET", path) as sixth:
+                    return [h.status_code for h in held], sixth.status_code
+            finally:
+                for answer in held:
+                    await answer.aclose()
+
+    assert asyncio.run(five_and_one()) == ([200] * 5, 429)
+
+
+def test_streams_opened_at_once_get_exactly_the_tenant_s_share(five_streams: ApiProcess) -> None:
+    five_streams.add_tenant("racer")
+    with five_streams.client("racer") as http:
+        run_id = start(http, "@sleep 30\n@complete held")
+    path = f"/v1/runs/{run_id}/events/stream"
+    try:
+        statuses = asyncio.run(_statuses_at_once(five_streams, "racer", path, 20))
+        assert sorted(statuses) == [200] * 5 + [429] * 15, statuses
+        _all_slots_free(five_streams, "racer", path)
+    finally:
+        with five_streams.client("racer") as http:
+            http.post(f"/v1/runs/{run_id}/cancel")
+
+
+def test_streams_that_ended_with_their_run_give_their_slots_back(
+    five_streams: ApiProcess,
+) -> None:
+    five_streams.add_tenant("finisher")
+    with five_streams.client("finisher") as http:
+        run_id = start(http, "@complete done")
+        wait_terminal(http, run_id, 1)
+        assert http.delete(f"/v1/runs/{run_id}", params={"wait": 30}).status_code == 200
+    path = f"/v1/runs/{run_id}/events/stream"
+
+    async def read_all_at_once() -> list[tuple[int, bool]]:
+        async with _client(five_streams, "finisher") as http:
+            read = await asyncio.gather(
+                *(read_stream(http, path, until=lambda _: False) for _ in range(5))
+            )
+        return [(status, ended) for status, _, ended in read]
+
+    assert asyncio.run(read_all_at_once()) == [(200, True)] * 5
+    _all_slots_free(five_streams, "finisher", path)
+
+
+def test_a_stream_whose_client_left_before_its_answer_gives_its_slot_back(
+    five_streams: ApiProcess,
+) -> None:
+    """Each client closes its connection as soon as its request is sent: the slot the route
+    took for it comes back once the server sees it gone."""
+    key = five_streams.add_tenant("leaver")
+    with five_streams.client("leaver") as http:
+        run_id = start(http, "@sleep 30\n@complete held")
+    path = f"/v1/runs/{run_id}/events/stream"
+    host, port = five_streams.url.removeprefix("http://").split(":")
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n"
+
+    def answered() -> int:
+        lines = [json.loads(x) for x in five_streams.logs().splitlines() if x.startswith("{")]
+        return sum(x.get("event") == "api.request" and x.get("path") == path for x in lines)
+
+    try:
+        for _ in range(10):
+            with socket.create_connection((host, int(port))) as gone:
+                gone.sendall(request.encode())
+        deadline = time.monotonic() + 10
+        while answered() < 10:  # every one of them handled before the slots are counted
+            assert time.monotonic() < deadline, f"{answered()} of 10 requests handled"
+            time.sleep(0.1)
+        _all_slots_free(five_streams, "leaver", path)
+    finally:
+        with five_streams.client("leaver") as http:
+            http.post(f"/v1/runs/{run_id}/cancel")
+
+
 def test_wrong_keys_from_one_address_are_refused_after_a_few(
     tmp_path: Path, redis_url: str
 ) -> None:

@@ -4,11 +4,10 @@ windows counted in Redis, shared by every API process), and open event streams p
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,19 +105,31 @@ class StreamSlots:
     most: int
     _open: Counter[str] = field(default_factory=Counter)
 
-    def full(self, tenant: str) -> bool:
-        return self.most > 0 and self._open[tenant] >= self.most
-
-    @contextlib.contextmanager
-    def held(self, tenant: str) -> Iterator[bool]:
-        """One of the tenant's slots for the block (True), or none (False: all taken)."""
-        if self.full(tenant):
-            yield False
-            return
+    def take(self, tenant: str) -> StreamSlot | None:
+        """One of the tenant's slots, or None when all are taken. The check and the count
+        are one step with no ``await`` between: on the event loop no other request runs in
+        between, so streams opened at once never pass the check together."""
+        if self.most > 0 and self._open[tenant] >= self.most:
+            return None
         self._open[tenant] += 1
-        try:
-            yield True
-        finally:
-            self._open[tenant] -= 1
-            if self._open[tenant] <= 0:
-                del self._open[tenant]
+        return StreamSlot(self, tenant)
+
+    def _give_back(self, tenant: str) -> None:
+        self._open[tenant] -= 1
+        if self._open[tenant] <= 0:
+            del self._open[tenant]
+
+
+@dataclass(eq=False)
+class StreamSlot:
+    """A stream's hold on one of its tenant's slots, from the route's check until
+    :meth:`release` (which gives it back once, however often it is called)."""
+
+    slots: StreamSlots
+    tenant: str
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.slots._give_back(self.tenant)

@@ -365,7 +365,8 @@ async def stream_events(
     ``Last-Event-ID`` (or ``after``), until the run ends; a comment keeps it alive."""
     api = await _owned(request, run_id, tenant)
     cursor = _event_id(last_event_id or after or None)
-    if api.streams.full(tenant.name):
+    slot = api.streams.take(tenant.name)  # taken as checked: no other request runs between
+    if slot is None:
         raise ApiError(
             429,
             "too_many_streams",
@@ -374,20 +375,24 @@ async def stream_events(
             {"Retry-After": "5"},
         )
     key = credentials.credentials if credentials else ""
-    return StreamingResponse(
-        sse.stream(
-            api.hub,
-            run_id,
-            cursor,
-            tenant=tenant.name,
-            authorized=lambda: _still(api, key, tenant.name, run_id),
-            slots=api.streams,
-            keepalive_s=api.settings.api_keepalive_s,
-            recheck_s=links.RECHECK_S if links.is_token(key) else sse.RECHECK_S,
-        ),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    try:
+        return sse.SlotResponse(
+            sse.stream(
+                api.hub,
+                run_id,
+                cursor,
+                tenant=tenant.name,
+                authorized=lambda: _still(api, key, tenant.name, run_id),
+                keepalive_s=api.settings.api_keepalive_s,
+                recheck_s=links.RECHECK_S if links.is_token(key) else sse.RECHECK_S,
+            ),
+            slot,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+    except BaseException:
+        slot.release()
+        raise
 
 
 @router.post(

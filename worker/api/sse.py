@@ -30,13 +30,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from worker.api.limits import StreamSlots
+from worker.api.limits import StreamSlot
 from worker.observe import metrics
 from worker.store import stream_end
 from worker.store.errors import REDIS_ERRORS
@@ -393,6 +395,26 @@ class _Recheck:
         return self.ok
 
 
+class SlotResponse(StreamingResponse):
+    """An event stream that holds its tenant's stream slot, taken by the route as it
+    answers, until the response is done, whichever way it ends: the stream ends, the client
+    goes away, or its body is never read (a generator never started runs no ``finally``,
+    this does)."""
+
+    def __init__(self, content: AsyncIterator[str], slot: StreamSlot, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):  # its hub subscription goes now, not at GC
+                await body.aclose()
+
+
 async def stream(
     hub: StreamHub,
     run_id: str,
@@ -400,7 +422,6 @@ async def stream(
     *,
     tenant: str,
     authorized: Callable[[], Awaitable[bool]],
-    slots: StreamSlots,
     keepalive_s: float,
     recheck_s: float = RECHECK_S,
 ) -> AsyncIterator[str]:
@@ -408,52 +429,48 @@ async def stream(
     when idle. It ends with the run; once ``authorized()`` (the request's key still names
     ``tenant``, or its page link is still live), asked at most every ``recheck_s``, says no;
     when Redis fails under it, and when the process shuts down (those two with a ``retry:``
-    and a comment: the client resumes with its last id). It takes one of the tenant's
-    stream slots while it lasts (none free: it ends at once; the route answers 429 before it
-    gets here, but two requests may race for the last)."""
+    and a comment: the client resumes with its last id). Its tenant's stream slot is the
+    response's (:class:`SlotResponse`), taken by the route before it answers."""
     if hub.draining:
         yield DRAINING.text()
         return
-    with slots.held(tenant) as held:
-        if not held:
-            return
-        still = _Recheck(authorized, min(keepalive_s, recheck_s))
-        sub: Subscription | None = None
-        try:
-            sub = await hub.subscribe(run_id, after)
-            seen = after
-            yield ": stream open\n\n"
-            async for entry in hub.backlog(sub):
-                if hub.draining:
-                    yield DRAINING.text()
-                    return
-                if not await still():
-                    break
-                seen = parse_event_id(entry[0])
-                yield format_event(entry)
-            quiet_since = time.monotonic()
-            while await still():
-                try:
-                    item = await asyncio.wait_for(sub.queue.get(), still.every_s)
-                except TimeoutError:
-                    if time.monotonic() - quiet_since >= keepalive_s:
-                        quiet_since = time.monotonic()
-                        yield ": keep-alive\n\n"
-                    continue
-                if isinstance(item, Ending):
-                    if item.text():
-                        yield item.text()
-                    return
-                entry_id = parse_event_id(item[0])
-                if entry_id <= seen:
-                    continue
-                seen, quiet_since = entry_id, time.monotonic()
-                yield format_event(item)
-            log.info("sse.key_revoked", extra={"tenant": tenant, "run_id": run_id})
-            yield REVOKED.text()
-        except REDIS_ERRORS as exc:
-            log.warning("sse.stream_unavailable", extra={"run_id": run_id, "error": str(exc)})
-            yield UNREACHABLE.text()
-        finally:
-            if sub is not None:
-                hub.unsubscribe(sub)
+    still = _Recheck(authorized, min(keepalive_s, recheck_s))
+    sub: Subscription | None = None
+    try:
+        sub = await hub.subscribe(run_id, after)
+        seen = after
+        yield ": stream open\n\n"
+        async for entry in hub.backlog(sub):
+            if hub.draining:
+                yield DRAINING.text()
+                return
+            if not await still():
+                break
+            seen = parse_event_id(entry[0])
+            yield format_event(entry)
+        quiet_since = time.monotonic()
+        while await still():
+            try:
+                item = await asyncio.wait_for(sub.queue.get(), still.every_s)
+            except TimeoutError:
+                if time.monotonic() - quiet_since >= keepalive_s:
+                    quiet_since = time.monotonic()
+                    yield ": keep-alive\n\n"
+                continue
+            if isinstance(item, Ending):
+                if item.text():
+                    yield item.text()
+                return
+            entry_id = parse_event_id(item[0])
+            if entry_id <= seen:
+                continue
+            seen, quiet_since = entry_id, time.monotonic()
+            yield format_event(item)
+        log.info("sse.key_revoked", extra={"tenant": tenant, "run_id": run_id})
+        yield REVOKED.text()
+    except REDIS_ERRORS as exc:
+        log.warning("sse.stream_unavailable", extra={"run_id": run_id, "error": str(exc)})
+        yield UNREACHABLE.text()
+    finally:
+        if sub is not None:
+            hub.unsubscribe(sub)
