@@ -306,9 +306,9 @@ class Settings(BaseSettings):
     pool: Literal["threads", "prefork", "solo"] = "threads"
     host_queue: str = Field("", pattern=r"^[A-Za-z0-9_.@:-]*$")
     """Override of this worker's host queue. By default it names where a run's sandbox lives:
-    ``<key_prefix>.host.docker.<daemon ID>`` for Docker (every worker on one daemon shares it),
-    ``<key_prefix>.host.local.<hostname>`` for the local sandbox. Later turns of a run whose
-    sandbox lives there are routed to it."""
+    ``<key_prefix>.host.docker.<daemon ID head>.<mark>`` for Docker (every worker on one
+    daemon shares it), ``<key_prefix>.host.local.<hostname>`` for the local sandbox
+    (sandbox/identity.py). Later turns of a run whose sandbox lives there are routed to it."""
     harness_queues: CommaList = ()
     """Harness queues this worker consumes (default: all)."""
     reap_interval_s: float = Field(60.0, gt=0)

@@ -8,14 +8,23 @@ volume, :data:`IDENTITY_VOLUME`). The ID alone is not enough: daemons of cloned 
 or two daemons on one machine, report one ID when they share the key or the ``engine-id``
 it comes from, and their workers would then take each other's runs. The local backend, whose
 processes and workspaces are on the worker's own machine, is identified by its hostname.
+
+A name is kept short: a run record (a Redis hash) holds its host queue, and Redis keeps a
+hash compact (a listpack) only while every value is at most ``hash-max-listpack-value``
+(64 bytes by default); a longer one doubles what every idle run costs. So the Docker name
+carries the mark (what tells daemons apart) and only the head of the daemon ID (for an
+operator reading queue names), and a long hostname is cut and given a digest. The names
+before that (:attr:`Location.legacy`) are still consumed, for runs placed before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import socket
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import docker.errors
@@ -33,9 +42,53 @@ could no longer be reached."""
 IDENTITY_LABEL = "harness.host_identity"
 
 
-def docker_location(base_url: str | None, timeout: float = 10.0) -> str:
-    """``docker.<daemon ID>`` for the daemon at ``base_url`` (default: DOCKER_HOST or the
-    local socket). Raises :class:`SandboxUnavailable` when it does not answer."""
+DAEMON_ID_CHARS = 8
+"""How much of the daemon ID a Docker name keeps: enough for an operator to tell daemons
+apart at a glance; the mark is what tells them apart for the worker."""
+HOSTNAME_CHARS = 24
+"""The longest hostname a local name carries whole; a longer one is cut and given a digest."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a backend's sandboxes live, as the tail of a host queue's name."""
+
+    name: str
+    legacy: str
+    """The same place as named before names were shortened (the full daemon ID, the whole
+    hostname): run records written then still name it. Equal to ``name`` where the two
+    forms agree (a short hostname)."""
+
+
+def docker_name(daemon_id: str, mark: str) -> str:
+    """``docker.<the daemon ID's first 8 characters>.<mark>``."""
+    return f"docker.{_UNSAFE.sub('-', daemon_id)[:DAEMON_ID_CHARS]}.{mark}"
+
+
+def legacy_docker_name(daemon_id: str, mark: str) -> str:
+    """``docker.<daemon ID>.<mark>``, the name before the rename: 56 bytes with the UUID of
+    Docker 28, 79 with the older colon-separated ID, so over 64 with any queue prefix."""
+    return f"docker.{_UNSAFE.sub('-', daemon_id)}.{mark}"
+
+
+def local_name(hostname: str) -> str:
+    """``local.<hostname>``; a hostname longer than :data:`HOSTNAME_CHARS` keeps its head
+    and gets a digest of the whole one, so two long names with one head still differ."""
+    safe = _UNSAFE.sub("-", hostname)
+    if len(safe) <= HOSTNAME_CHARS:
+        return f"local.{safe}"
+    digest = hashlib.sha256(hostname.encode()).hexdigest()[:8]
+    return f"local.{safe[: HOSTNAME_CHARS - len(digest) - 1]}-{digest}"
+
+
+def legacy_local_name(hostname: str) -> str:
+    """``local.<hostname>`` whatever its length, the name before the rename."""
+    return f"local.{_UNSAFE.sub('-', hostname)}"
+
+
+def locate_docker(base_url: str | None, timeout: float = 10.0) -> Location:
+    """The daemon at ``base_url`` (default: DOCKER_HOST or the local socket), by its ID and
+    mark. Raises :class:`SandboxUnavailable` when it does not answer."""
     try:
         if base_url:
             client = DockerClient(base_url=base_url, version="auto", timeout=timeout)
@@ -54,7 +107,12 @@ def docker_location(base_url: str | None, timeout: float = 10.0) -> str:
         ) from exc
     if not daemon_id:
         raise SandboxUnavailable("the Docker daemon reported no ID", hint="set HARNESS_HOST_QUEUE")
-    return f"docker.{_UNSAFE.sub('-', daemon_id)}.{mark}"
+    return Location(docker_name(daemon_id, mark), legacy_docker_name(daemon_id, mark))
+
+
+def docker_location(base_url: str | None, timeout: float = 10.0) -> str:
+    """The name of :func:`locate_docker`."""
+    return locate_docker(base_url, timeout).name
 
 
 def _identity_mark(client: Any) -> str:
@@ -76,6 +134,7 @@ def _identity_mark(client: Any) -> str:
     return mark
 
 
-def local_location() -> str:
-    """``local.<hostname>``: the local backend's processes live on this machine."""
-    return f"local.{_UNSAFE.sub('-', socket.gethostname())}"
+def locate_local() -> Location:
+    """This machine, by its hostname: the local backend's processes live here."""
+    hostname = socket.gethostname()
+    return Location(local_name(hostname), legacy_local_name(hostname))

@@ -121,7 +121,9 @@ def _setup_logging(loglevel: int | str | None = None, **_: object) -> None:
 @celeryd_after_setup.connect
 def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
     """Consume the queues of the places this worker's sandboxes live (the Docker daemon by
-    its ID, this machine for the local sandbox): a run's later turns are routed there.
+    its ID and mark, this machine for the local sandbox): a run's later turns are routed
+    there. Also their names from before names were shortened: runs placed then still send
+    their turns and ends there (and the heartbeat marks every consumed queue alive).
 
     A worker whose settings are not valid (``HARNESS_REDIS_URL=notaurl``) does not start: it
     would announce itself ready and fail every turn."""
@@ -133,7 +135,7 @@ def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
     deadline = time.monotonic() + DOCKER_START_WAIT_S
     while True:
         try:
-            deps.host_queues.update(host_queues.host_queues(deps.settings))
+            served = host_queues.host_queues(deps.settings)
             break
         except SandboxError as exc:
             if time.monotonic() >= deadline:
@@ -143,9 +145,12 @@ def _consume_host_queues(sender: str, instance: Any, **_: object) -> None:
                 raise SystemExit(f"harness worker: {exc}") from None
             log.warning("worker.waiting_for_docker", extra={"error": str(exc)})
             time.sleep(2)
-    for queue in sorted(set(deps.host_queues.values())):
+    deps.host_queues.update(served.by_backend)
+    for queue in served.consumed():
         instance.app.amqp.queues.select_add(direct_queue(queue))
-    log.info("worker.fleet.host_queues", extra={"queues": deps.host_queues})
+    log.info(
+        "worker.fleet.host_queues", extra={"queues": served.by_backend, "legacy": served.legacy}
+    )
 
 
 @worker_ready.connect

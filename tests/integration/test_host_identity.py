@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration.conftest import Env, WorkerProcess, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
+from worker.fleet import hosts
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery, pytest.mark.docker, pytest.mark.slow]
 
@@ -23,6 +24,17 @@ def _daemon_id(url: str | None) -> str:
     client = docker.DockerClient(base_url=url) if url else docker.from_env()
     try:
         return str(client.info()["ID"])
+    finally:
+        client.close()
+
+
+def _mark() -> str:
+    """The mark the first worker left in the local daemon (sandbox/identity.py)."""
+    client = docker.from_env()
+    try:
+        return str(
+            client.volumes.get("harness-host-identity").attrs["Labels"]["harness.host_identity"]
+        )
     finally:
         client.close()
 
@@ -53,15 +65,15 @@ def test_two_daemons_on_one_machine_never_share_a_host_queue(
     )
     assert client.wait(run_id, 1, timeout=60).type == "turn-complete"
     record = client.status(run_id)
-    assert record["queue"].startswith(f"{env.prefix}.host.docker.{_daemon_id(None)}.")
+    assert record["queue"].startswith(f"{env.prefix}.host.docker.{_daemon_id(None)[:8]}.")
     # The other worker serves its own daemon's queue, even where the two daemons report one
     # ID (as they do here when the second shares /etc/docker/key.json): the mark each
     # daemon carries tells them apart.
     other_queues = env.redis().get(
         env.keys.worker_alive(f"{socket.gethostname()}:{other.proc.pid}")
     )
-    [other_host_queue] = [q for q in other_queues.split(",") if ".host." in q]
-    assert other_host_queue.startswith(f"{env.prefix}.host.docker.{_daemon_id(second)}.")
+    head = f"{env.prefix}.host.docker.{_daemon_id(second)[:8]}."
+    [other_host_queue] = [q for q in other_queues.split(",") if q.startswith(head)]
     assert other_host_queue != record["queue"]
     container = record["container_id"]
     for turn in range(2, 6):
@@ -77,6 +89,51 @@ def test_two_daemons_on_one_machine_never_share_a_host_queue(
         )
     finally:
         remote.close()
+
+
+def test_a_run_placed_under_its_hosts_legacy_queue_name_still_gets_its_turns_and_end(
+    env: Env, workers: list[WorkerProcess]
+) -> None:
+    """A run placed before host queue names were shortened names the daemon by its whole ID:
+    the daemon's workers consume that name too, and a turn taken there moves the record to
+    the new name."""
+    require_docker()
+    ensure_images(["demo"])
+    env.vars.update(
+        {"HARNESS_SANDBOX": "docker", "HARNESS_NETWORK": "none", "HARNESS_METRICS_PORT": "0"}
+    )
+    worker = start_worker(env)
+    workers.append(worker)
+    client, r = env.client(), env.redis()
+    run_id = client.start_run(
+        "stdio-json", "first", executable="harness-demo", sandbox="docker", network="none"
+    )
+    assert client.wait(run_id, 1, timeout=60).type == "turn-complete"
+    daemon_id, mark, record = _daemon_id(None), _mark(), client.status(run_id)
+    queue, container = record["queue"], record["container_id"]
+    assert queue == f"{env.prefix}.host.docker.{daemon_id[:8]}.{mark}"
+    assert len(queue.encode()) <= 64
+    assert r.object("encoding", env.keys.run(run_id)) == "listpack"
+    legacy = f"{env.prefix}.host.docker.{daemon_id}.{mark}"
+    assert legacy in r.get(env.keys.worker_alive(f"{socket.gethostname()}:{worker.proc.pid}"))
+    assert hosts.alive(r, env.keys, legacy)
+
+    r.hset(env.keys.run(run_id), "queue", legacy)  # as the worker before the rename left it
+    assert client.submit_turn(run_id, "second") == 2
+    assert client.wait(run_id, 2, timeout=60).type == "turn-complete"
+    record = client.status(run_id)
+    assert (record["queue"], record["container_id"]) == (queue, container)
+    # (Its record stays a hash table: Redis never converts one back to a listpack.)
+
+    r.hset(env.keys.run(run_id), "queue", legacy)
+    client.end(run_id, timeout=60)
+    assert not client.status(run_id).get("last_error")  # the worker tore it down, in time
+    docker_client = docker.from_env()
+    try:
+        scope = f"harness.scope={env.prefix}"
+        assert docker_client.containers.list(all=True, filters={"label": scope}) == []
+    finally:
+        docker_client.close()
 
 
 def test_a_docker_worker_without_its_daemon_does_not_start_and_says_why(env: Env) -> None:

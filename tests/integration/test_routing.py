@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from sandbox.identity import local_name
 from tests.helpers import assert_one_terminal, wait_for
 from tests.integration.conftest import DEMO, Env, WorkerProcess, start_worker
 
@@ -46,7 +47,7 @@ def test_a_turn_for_a_host_that_is_away_waits_for_a_worker_there(
     run_id = client.start_run("stdio-json", "first", executable=DEMO)
     client.wait(run_id, 1, timeout=30)
     queue = client.status(run_id)["queue"]
-    assert queue == f"{env.prefix}.host.local.{socket.gethostname()}"
+    assert queue == f"{env.prefix}.host.{local_name(socket.gethostname())}"
     workspace = env.tmp / "workspaces" / "local" / "run" / run_id
     (workspace / "kept.txt").write_text("work of turn 1")
     worker.stop()

@@ -2,8 +2,10 @@
 
 A run's sandbox lives in one place (a Docker daemon, or the machine of a local sandbox), so
 its later turns must reach a worker there: the run record names that place's host queue.
-Every worker refreshes, every few seconds, a key per queue it consumes (its harness queues
-and its host queues) and a key of its own; when they lapse the worker is away. Producers use
+Every worker refreshes, every few seconds, a key per queue it consumes (its harness queues,
+its host queues and their legacy names) and a key of its own; when they lapse the worker is
+away. A run record naming a host queue's legacy name (one placed before host queue names
+were shortened) therefore finds its host alive while a worker there runs. Producers use
 this to say that a turn waits, the reaper to decide how long a turn has waited for a host.
 """
 
@@ -32,8 +34,9 @@ def alive(client: RedisClient, keys: Keys, queue: str) -> bool:
 
 @dataclass
 class Heartbeat:
-    """A worker's consumer keys: one per queue it consumes, one of its own, and its host
-    queues in the hosts hash (for beat's fan-out), refreshed every few seconds."""
+    """A worker's consumer keys: one per queue it consumes (``queues``, legacy host queues
+    included), one of its own, and its host queues in the hosts hash (for beat's fan-out;
+    the current names only, one reap per host is enough), refreshed every few seconds."""
 
     client: RedisClient
     keys: Keys
