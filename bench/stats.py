@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -25,3 +26,23 @@ def p50(values: Sequence[float]) -> float:
 
 def mib(size_bytes: float) -> float:
     return size_bytes / (1024 * 1024)
+
+
+def bootstrap_interval(
+    statistic: Callable[[Sequence[int]], float],
+    n: int,
+    *,
+    rounds: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The percentile bootstrap interval of ``statistic`` over ``n`` samples: it is called
+    with ``rounds`` resamplings of the indices ``0..n-1`` (drawn with replacement; a pair of
+    measurements taken together shares its index, so pairs are resampled whole). Seeded: the
+    same figures give the same interval."""
+    if n == 0:
+        return math.nan, math.nan
+    draw = random.Random(seed)
+    values = [statistic(draw.choices(range(n), k=n)) for _ in range(rounds)]
+    tail = (1 - confidence) / 2 * 100
+    return percentile(values, tail), percentile(values, 100 - tail)
