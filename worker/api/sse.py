@@ -269,8 +269,11 @@ class StreamHub:
     async def _pass(self) -> None:
         self._wake.clear()  # runs added from here on wake it (:meth:`_nudge`)
         if not self._runs:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the wait as a task of
+            # its own, a turn of the loop more between a subscription and the hub's read.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.check_every_s)
+                async with asyncio.timeout(self.check_every_s):
+                    await self._wake.wait()
             return
         streams = {run.key: run.cursor for run in self._runs.values()}
         keys = list(streams)
@@ -295,7 +298,8 @@ class StreamHub:
             self._parked = False
         if not got and len(keys) > self.batch:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.block_ms / 1000 / 5)
+                async with asyncio.timeout(self.block_ms / 1000 / 5):
+                    await self._wake.wait()
         if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + self.check_every_s
             await self._end_finished()
@@ -450,8 +454,9 @@ async def stream(
             yield format_event(entry)
         quiet_since = time.monotonic()
         while await still():
-            try:
-                item = await asyncio.wait_for(sub.queue.get(), still.every_s)
+            try:  # a timeout, not wait_for: no task of its own per entry (Python 3.11)
+                async with asyncio.timeout(still.every_s):
+                    item = await sub.queue.get()
             except TimeoutError:
                 if time.monotonic() - quiet_since >= keepalive_s:
                     quiet_since = time.monotonic()
