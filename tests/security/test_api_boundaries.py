@@ -520,11 +520,31 @@ def test_wrong_keys_from_one_address_are_refused_after_a_few(
             assert refused.status_code == 429, refused.text
             assert refused.json()["error"]["type"] == "rate_limited"
             assert 0 < int(refused.headers["Retry-After"]) <= 61
-            right = http.get("/v1/runs", headers={"Authorization": f"Bearer {api.keys['acme']}"})
-            assert right.status_code == 429  # a guess that hits gets no answer either
+            right = {"Authorization": f"Bearer {api.keys['acme']}"}
+            assert http.get("/v1/runs", headers=right).status_code == 429  # a hit: no answer
+            for path in (f"/v1/runs/{new_run_id()}", f"/v1/runs/{new_run_id()}/events/stream"):
+                assert http.get(path, headers=right).status_code == 429, path  # nor of a run
             assert http.get("/v1/runs").status_code == 401  # no key: nothing guessed
     finally:
         api.stop()
+
+
+def test_a_run_record_redis_refuses_answers_nothing_before_the_key_is_checked(
+    served: ApiProcess, env: Env
+) -> None:
+    """The run's owner is read with the wrong-key count, before the key is checked: a record
+    Redis refuses to read as one (WRONGTYPE) must still leave a wrong key a plain 401."""
+    run_id = new_run_id()
+    r = env.redis()
+    r.set(env.keys.run(run_id), "not a hash")
+    try:
+        wrong = {"Authorization": "Bearer hk_not-a-key"}
+        with httpx.Client(base_url=served.url, timeout=30) as http:
+            for path in (f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/events/stream"):
+                answer = http.get(path, headers=wrong)
+                assert answer.status_code == 401, (path, answer.text)
+    finally:
+        r.delete(env.keys.run(run_id))
 
 
 @pytest.mark.parametrize("limits", ["on", "off"])

@@ -88,8 +88,21 @@ class FailedAuthLimiter:
         if self.limit <= 0:
             return Verdict(True, 0, 0)
         key, retry = self._key(address)
-        failed = int(await self.redis.get(key) or 0)
-        return Verdict(failed < self.limit, max(0, self.limit - failed), retry)
+        return self._verdict(await self.redis.get(key), retry)
+
+    def ask(self, pipe: Any, address: str) -> Callable[..., Verdict]:
+        """:meth:`check` as a read queued on ``pipe`` (one round trip with the others there),
+        and what makes the verdict of that read's reply (of no reply when there is no
+        limit: nothing is queued then)."""
+        if self.limit <= 0:
+            return lambda: Verdict(True, 0, 0)
+        key, retry = self._key(address)
+        pipe.get(key)
+        return lambda failed: self._verdict(failed, retry)
+
+    def _verdict(self, failed: Any, retry: int) -> Verdict:
+        count = int(failed or 0)
+        return Verdict(count < self.limit, max(0, self.limit - count), retry)
 
     async def failed(self, address: str) -> None:
         """Count one wrong key of ``address`` (its next :meth:`check` says whether it may try

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from worker.api import links, openapi, schemas, sse, uploads, webhooks
 from worker.api.errors import ERROR_RESPONSES, ApiError, not_found
+from worker.api.limits import Verdict
 from worker.api.tenants import Tenant, apply_policy, check_budget
 from worker.options.spec import RUN_ID, parse_label
 from worker.store import idempotency
@@ -60,7 +61,7 @@ async def _tenant(
             401, "unauthorized", "an Authorization: Bearer KEY header is needed", challenge
         )
     address = request.client.host if request.client else ""
-    await not_guessing(api, address, "wrong keys")
+    await _not_guessing_and_owner(request, api, address)
     bearer = credentials.credentials
     tenant: Tenant | None
     if links.is_token(bearer):
@@ -89,7 +90,31 @@ async def _tenant(
 async def not_guessing(api: Any, address: str, what: str) -> None:
     """429 for an address that sent too many wrong keys (or, at a trigger, bad signatures
     and unknown ids) in the window (HARNESS_API_FAILED_AUTH_LIMIT), whatever it bears now."""
-    guessing = await api.auth_failures.check(address)
+    _refuse_guessing(await api.auth_failures.check(address), what)
+
+
+async def _not_guessing_and_owner(request: Request, api: Any, address: str) -> None:
+    """:func:`not_guessing` for wrong keys and, on a route of one run, that run's owner read
+    in the same round trip, kept for :func:`_owned`: it decides on it only once the key is
+    known to name a tenant, so nothing read here answers a request before its key is checked
+    (a fault reading the owner is left for :func:`_owned` to meet again, after the key)."""
+    run_id = request.path_params.get("run_id")
+    if not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+        await not_guessing(api, address, "wrong keys")
+        return
+    pipe = api.pool.pipeline(transaction=False)
+    judge = api.auth_failures.ask(pipe, address)
+    pipe.hget(api.keys.run(run_id), "tenant")
+    *guessed, owner = await pipe.execute(raise_on_error=False)
+    for reply in guessed:
+        if isinstance(reply, Exception):
+            raise reply
+    _refuse_guessing(judge(*guessed), "wrong keys")
+    if not isinstance(owner, Exception):
+        request.state.run_owner = (run_id, owner)
+
+
+def _refuse_guessing(guessing: Verdict, what: str) -> None:
     if not guessing.allowed:
         raise ApiError(
             429,
@@ -158,7 +183,11 @@ async def _owned(request: Request, run_id: str, tenant: Tenant) -> Any:
     api = _api(request)
     if not RUN_ID.fullmatch(run_id):
         raise not_found(run_id)
-    owner = await api.pool.hget(api.keys.run(run_id), "tenant")
+    read = getattr(request.state, "run_owner", None)  # by the tenant's dependency, at once
+    if read is not None and read[0] == run_id:
+        owner = read[1]
+    else:
+        owner = await api.pool.hget(api.keys.run(run_id), "tenant")
     if owner != tenant.name:
         raise not_found(run_id)
     return api
