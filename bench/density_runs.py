@@ -194,7 +194,7 @@ def redis_bytes(bench: Bench, run_ids: list[str]) -> RedisBytes:
             name = "run:<id>" + (f":{rest}" if rest else "")
             count, held, raw = by_key.get(name, (0, 0, 0))
             by_key[name] = (count + 1, held + key_memory(r, [key]), raw + key_json_bytes(r, key))
-    shared, shared_json = index_share(r, keys, len(run_ids))
+    shared, shared_json = index_share(r, keys, run_ids)
     by_key["index shares"] = (len(run_ids), shared, shared_json)
     fields = cast("dict[str, str]", r.hgetall(keys.run(run_ids[0])))
     long = [

@@ -113,16 +113,26 @@ def key_memory(client: redis.Redis, keys: list[str]) -> int:
     return sum(int(client.memory_usage(key, samples=0) or 0) for key in keys)
 
 
-def index_share(client: redis.Redis, keys: Keys, runs: int) -> tuple[int, int]:
-    """The share of ``runs`` of the indexes every run is a member of: the set of active runs
-    and the tenant's sorted sets (all its runs, those of the harness): ``MEMORY USAGE`` and
-    the members as JSON, in proportion to the runs' part of each."""
+def index_share(client: redis.Redis, keys: Keys, run_ids: list[str]) -> tuple[int, int]:
+    """The share of ``run_ids`` of the run indexes (the set of active runs, the tenants' sorted
+    sets: all their runs, those of a harness, a label): each index's ``MEMORY USAGE`` and
+    members as JSON, in proportion to how many of its members are these runs. An index none
+    of them is in (another row's tenant, a label of other runs) costs them nothing."""
     held = raw = 0
     indexes = [keys.runs_index(), *client.scan_iter(match=keys.run_list("*") + "*", count=1000)]
     for key in indexes:
-        members = client.zcard(key) if client.type(key) == "zset" else client.scard(key)
-        held += key_memory(client, [key]) * runs // max(members, 1)
-        raw += key_json_bytes(client, key) * runs // max(members, 1)
+        is_zset = client.type(key) == "zset"
+        members = client.zcard(key) if is_zset else client.scard(key)
+        ours = 0
+        for at in range(0, len(run_ids), 1000):
+            chunk = run_ids[at : at + 1000]
+            if is_zset:  # a score, None for a non-member (a score of 0 is a member)
+                ours += sum(score is not None for score in client.zmscore(key, chunk))
+            else:
+                ours += sum(bool(hit) for hit in client.smismember(key, chunk))
+        if ours:
+            held += key_memory(client, [key]) * ours // members
+            raw += key_json_bytes(client, key) * ours // members
     return held, raw
 
 
@@ -309,7 +319,7 @@ def idle_runs(
                 kind = per_key.setdefault(name, [0, 0, 0])
                 kind[0], kind[1], kind[2] = kind[0] + 1, kind[1] + memory, kind[2] + as_json
             encodings.add(f"record {r.object('encoding', env.keys.run(run_id))}")
-        shared, shared_json = index_share(r, env.keys, len(made))
+        shared, shared_json = index_share(r, env.keys, made)
         held, raw = held + shared, raw + shared_json
         per_key["index shares (runs:active, tenant::runs...)"] = [len(made), shared, shared_json]
         ours, base = held / runs, raw / runs
