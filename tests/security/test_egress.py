@@ -176,57 +176,94 @@ def _dns_server() -> socketserver.ThreadingUDPServer:
             time.sleep(0.5)
 
 
+def _served(stack: contextlib.ExitStack, server: Any) -> Any:
+    """``server`` (serving on a thread) stopped and its socket closed when ``stack`` unwinds."""
+    stack.callback(server.server_close)
+    stack.callback(server.shutdown)
+    return server
+
+
+def _closed(stack: contextlib.ExitStack, sock: socket.socket) -> socket.socket:
+    """``sock`` shut down (which wakes a thread blocked in its ``recv``: a close alone leaves
+    the socket bound while that call waits) and closed when ``stack`` unwinds."""
+
+    def close() -> None:
+        with contextlib.suppress(OSError):  # ENOTCONN for UDP, after waking the reader
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+
+    stack.callback(close)
+    return sock
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory, demo_image: str) -> Iterator[Lab]:
+    """Everything made is undone whichever step fails, the set-up's included: a set-up that
+    failed half-way once left HOST:53 bound in this process, and every later set-up of the
+    module's lab then found the port taken."""
     ensure_images(["gateway"])
-    client = docker.from_env()
-    remove_stale(client, SUBNET)  # what a killed run of this module left
-    scope = f"egress-sec-{uuid.uuid4().hex[:8]}"
-    allowed = _http_server(HOST, b"allowed-server-reply")
-    forbidden = _http_server(HOST, b"forbidden-server-reply")
-    metrics = _http_server(HOST, b"harness_turns_started_total 1\n")  # a metrics port's stand-in
-    subprocess.run(["ip", "link", "add", V6_LINK, "type", "bridge"], check=False)
-    subprocess.run(["ip", "addr", "add", f"{V6_ADDR}/64", "dev", V6_LINK, "nodad"], check=False)
-    subprocess.run(["ip", "link", "set", V6_LINK, "up"], check=True)
-    time.sleep(1.5)  # duplicate address detection
-    v6 = _http_server(V6_ADDR, b"v6-reply", socket.AF_INET6)
-    dns = _dns_server()
-    dns.names = []  # type: ignore[attr-defined]
-    threading.Thread(target=dns.serve_forever, daemon=True).start()
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind((HOST, 0))
-    udp_seen: list[bytes] = []
+    with contextlib.ExitStack() as stack:
+        client = docker.from_env()
+        stack.callback(client.close)
+        remove_stale(client, SUBNET)  # what a killed run of this module left
+        scope = f"egress-sec-{uuid.uuid4().hex[:8]}"
+        allowed = _served(stack, _http_server(HOST, b"allowed-server-reply"))
+        forbidden = _served(stack, _http_server(HOST, b"forbidden-server-reply"))
+        # a metrics port's stand-in
+        metrics = _served(stack, _http_server(HOST, b"harness_turns_started_total 1\n"))
+        stack.callback(subprocess.run, ["ip", "link", "del", V6_LINK], check=False)
+        subprocess.run(["ip", "link", "add", V6_LINK, "type", "bridge"], check=False)
+        subprocess.run(["ip", "addr", "add", f"{V6_ADDR}/64", "dev", V6_LINK, "nodad"], check=False)
+        subprocess.run(["ip", "link", "set", V6_LINK, "up"], check=True)
+        time.sleep(1.5)  # duplicate address detection
+        v6 = _served(stack, _http_server(V6_ADDR, b"v6-reply", socket.AF_INET6))
+        dns = _dns_server()
+        dns.names = []  # type: ignore[attr-defined]
+        threading.Thread(target=dns.serve_forever, daemon=True).start()
+        _served(stack, dns)
+        udp = _closed(stack, socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        udp.bind((HOST, 0))
+        udp_seen: list[bytes] = []
 
-    def receive() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                udp_seen.append(udp.recv(2048))
+        def receive() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    data = udp.recv(2048)
+                    if not data:  # shut down
+                        return
+                    udp_seen.append(data)
 
-    threading.Thread(target=receive, daemon=True).start()
-    config = EgressConfig(
-        scope=scope,
-        subnet=SUBNET,
-        hosts={"allowed.test": HOST, "forbidden.test": HOST},
-        resolvers=(HOST,),
-        allow={
-            "stdio-json": (
-                Endpoint("allowed.test", allowed.server_address[1]),
-                Endpoint("sneaky.test", 6379),
-            )
-        },
-    )
-    sandbox = DockerSandbox(tmp_path_factory.mktemp("egress-sec"), scope=scope, egress=config)
-    run_id = "r" + uuid.uuid4().hex[:24]
-    placement = sandbox.prepare(
-        RunSpec(
-            run_id=run_id,
-            image=demo_image,
-            network="egress",
-            labels={LABEL_HARNESS: "stdio-json", LABEL_BASE_URL: ""},
+        threading.Thread(target=receive, daemon=True).start()
+        config = EgressConfig(
+            scope=scope,
+            subnet=SUBNET,
+            hosts={"allowed.test": HOST, "forbidden.test": HOST},
+            resolvers=(HOST,),
+            allow={
+                "stdio-json": (
+                    Endpoint("allowed.test", allowed.server_address[1]),
+                    Endpoint("sneaky.test", 6379),
+                )
+            },
         )
-    )
-    container = client.containers.get(placement.container_id)
-    try:
+        sandbox = DockerSandbox(tmp_path_factory.mktemp("egress-sec"), scope=scope, egress=config)
+
+        def remove_gateway() -> None:
+            if sandbox.egress is not None:
+                sandbox.egress.remove()
+
+        stack.callback(remove_gateway)
+        run_id = "r" + uuid.uuid4().hex[:24]
+        stack.callback(sandbox.teardown, run_id)
+        placement = sandbox.prepare(
+            RunSpec(
+                run_id=run_id,
+                image=demo_image,
+                network="egress",
+                labels={LABEL_HARNESS: "stdio-json", LABEL_BASE_URL: ""},
+            )
+        )
+        container = client.containers.get(placement.container_id)
         yield Lab(
             sandbox,
             run_id,
@@ -240,16 +277,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory, demo_image: str) -> Iterator[L
             int(udp.getsockname()[1]),
             config,
         )
-    finally:
-        sandbox.teardown(run_id)
-        assert sandbox.egress is not None
-        sandbox.egress.remove()
-        for server in (allowed, forbidden, metrics, v6, dns):
-            server.shutdown()
-            server.server_close()
-        udp.close()
-        subprocess.run(["ip", "link", "del", V6_LINK], check=False)
-        client.close()
 
 
 @pytest.fixture
