@@ -115,10 +115,14 @@ SHARED_GROUPS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``--dist loadgroup`` (scripts/test's second phase) a file's tests run on one
     xdist worker, in order, sharing the file's fixtures; the files of a shared group
-    together on one."""
+    together on one. First: xdist's own hook turns the marks into the group its scheduler
+    reads (a node id's ``@group``) and sees no mark added after it. Without the group a
+    file's tests spread over both workers: two egress labs bound one port, one file's probe
+    containers were counted by another's test."""
     for item in items:
         path = Path(str(item.path))
         name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name

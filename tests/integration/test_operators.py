@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sandbox.base import LABEL_SCOPE
 from tests.conftest import ROOT, require
 from tests.integration.conftest import DEMO, Env, WorkerProcess, make_env, start_worker
 from tests.integration.docker_fixtures import ensure_images, require_docker
@@ -507,9 +508,15 @@ def test_doctor_fails_on_a_missing_image_with_the_build_command(
     assert "scripts/build-images" in missing["fix"]
 
 
-def probe_containers() -> list[str]:
+def probe_containers(scope: str) -> list[str]:
+    """The probe containers of one deployment (its key prefix): another file's doctor, run on
+    the other xdist worker at the same moment, has probes of its own."""
     done = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={doctor.LABEL_DOCTOR_PROBE}=true"],
+        [
+            *("docker", "ps", "-aq"),
+            *("--filter", f"label={doctor.LABEL_DOCTOR_PROBE}=true"),
+            *("--filter", f"label={LABEL_SCOPE}={scope}"),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -526,12 +533,12 @@ def test_doctor_starts_a_probe_container_on_the_default_network_and_removes_it(
     ensure_images(["demo"])
     settings = make_env(tmp_path, "redis://127.0.0.1:6379/0", HARNESS_SANDBOX="docker").settings()
     assert settings.network == "bridge"
-    before = probe_containers()
+    before = probe_containers(settings.key_prefix)
     checks = {c.name: c for c in doctor.collect(settings)}
     probe = checks["network bridge"]
     assert probe.level == "ok", probe
     assert probe.detail == "a probe container from harness-worker/demo:1 started on it and exited 0"
-    assert probe_containers() == before
+    assert probe_containers(settings.key_prefix) == before
 
 
 @pytest.mark.docker
@@ -543,7 +550,7 @@ def test_doctor_probe_on_a_network_the_daemon_lacks_fails_with_dockers_words(
     ensure_images(["demo"])
     settings = make_env(tmp_path, "redis://127.0.0.1:6379/0", HARNESS_SANDBOX="docker").settings()
     network = f"harness-absent-{uuid.uuid4().hex[:8]}"
-    before = probe_containers()
+    before = probe_containers(settings.key_prefix)
     check = doctor.network_probe(settings, "harness-worker/demo:1", network)
     assert check.level == "fail" and check.name == f"network {network}"
     assert check.detail.endswith(f"network {network} not found"), check.detail
@@ -552,7 +559,7 @@ def test_doctor_probe_on_a_network_the_daemon_lacks_fails_with_dockers_words(
     lines = capsys.readouterr().out.splitlines()
     assert code == 1 and lines[0].startswith(f"✗ network {network}")
     assert lines[1].strip().startswith("→ create it")
-    assert probe_containers() == before
+    assert probe_containers(settings.key_prefix) == before
 
 
 @pytest.mark.docker

@@ -3,6 +3,10 @@ every file that drives the machine's one second Docker daemon must be in its sha
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 from tests.conftest import ROOT, SECOND_DOCKERD, SHARED_GROUPS
 
 USES_SECOND_DOCKERD = ("second-dockerd", "bench.chaos", "bench.scale_load")
@@ -30,3 +34,26 @@ def test_the_grouped_files_exist() -> None:
 def test_the_second_phase_spreads_by_group() -> None:
     script = (ROOT / "scripts" / "test").read_text()
     assert "--dist loadgroup" in script
+
+
+def test_each_files_tests_run_on_one_worker_under_loadgroup() -> None:
+    files = ("tests/unit/test_doctor.py", "tests/unit/test_egress.py")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v"),
+            *("-n", "2", "--dist", "loadgroup", *files),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    ran = re.findall(r"^\[(gw\d+)\].*? PASSED (\S+?\.py)::(.+?)\s*$", done.stdout, re.MULTILINE)
+    assert ran, done.stdout[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, path, test in ran:
+        assert test.endswith(f"@{path}"), test  # the group the scheduler keeps together
+        workers.setdefault(path, set()).add(worker)
+    assert sorted(workers) == sorted(files)
+    assert all(len(on) == 1 for on in workers.values()), workers
