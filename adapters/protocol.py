@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from adapters.asks import Ask, Decision
 from adapters.events import Event
@@ -228,6 +228,18 @@ class Mode(Protocol[StateT]):
     def finish(self, state: StateT, exit: ExitInfo) -> list[Event]: ...
 
     def policy_warning(self, request: TurnRequest) -> str | None: ...
+
+
+@runtime_checkable
+class TextMessages(Protocol):
+    """What a mode may add for a flood of text lines: ``text_message(message)``, the text of a
+    message its mapper turns into exactly one ``assistant-text`` event (``""`` when it turns
+    it into none), None for any other message. It reads no state and changes none, so a
+    stream driver that merges text (:attr:`adapters.stream.StreamDriver.coalesce_chars`)
+    takes such a line's text without making an event of it; the mapper reads a text message
+    with the same function."""
+
+    def text_message(self, message: dict[str, Any]) -> str | None: ...
 
 
 class Adapter(Mode[StateT], Protocol[StateT]):

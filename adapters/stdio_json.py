@@ -120,6 +120,14 @@ def attachments_env(request: TurnRequest) -> str:
     return json.dumps(files, separators=(",", ":"))
 
 
+def text_message(message: dict[str, Any]) -> str | None:
+    """A ``text`` message's text (``""`` when it holds none), None for any other message
+    (:class:`adapters.protocol.TextMessages`)."""
+    if message.get("type") != "text":
+        return None
+    return coerce.text(message.get("text"))
+
+
 def map_message(message: dict[str, Any], state: State) -> list[Event]:
     kind = message.get("type")
     if kind == "session":
@@ -132,7 +140,7 @@ def map_message(message: dict[str, Any], state: State) -> list[Event]:
         resumed = state.offered_session is not None and session_id == state.offered_session
         return [Session(session_id=session_id, resumed=resumed, model=state.model)]
     if kind == "text":
-        text = coerce.text(message.get("text"))
+        text = text_message(message) or ""
         return [AssistantText(text=text)] if text else []
     if kind == "activity":
         activity = message.get("kind")

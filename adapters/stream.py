@@ -7,7 +7,10 @@ messages go through the adapter's ``map_message`` (an exception there is caught 
 counted), and the result is a turn whose first event is ``turn-started`` and whose last is its
 one terminal event. Lines after the terminal are dropped and counted. A stream that ends
 without a terminal gets one from the adapter's ``finish`` or, failing that, a ``session-error``
-of reason ``exit`` built from the exit code and the stderr tail.
+of reason ``exit`` built from the exit code and the stderr tail. With
+:attr:`StreamDriver.coalesce_chars` set, consecutive ``assistant-text`` is merged into fewer
+events (released before the next event of another type, and whenever the caller has fed what
+it read: nothing waits for more output).
 
 Pure: no I/O, no clock. The worker reads the process and feeds bytes in.
 """
@@ -15,6 +18,7 @@ Pure: no I/O, no clock. The worker reads the process and feeds bytes in.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +26,7 @@ import orjson
 
 from adapters.events import (
     TERMINAL_TYPES,
+    AssistantText,
     Event,
     Session,
     SessionError,
@@ -29,7 +34,7 @@ from adapters.events import (
     TurnStarted,
     session_error,
 )
-from adapters.protocol import AdapterState, ExitInfo, Mode, TurnRequest
+from adapters.protocol import AdapterState, ExitInfo, Mode, TextMessages, TurnRequest
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 _ACCEPT_RULES = TERMINAL_TYPES | {"turn-started", "session"}
@@ -143,6 +148,12 @@ class StreamDriver:
     request: TurnRequest
     attempt: int = 1
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    coalesce_chars: int = 0
+    """Consecutive ``assistant-text`` held and released as one event of up to this many
+    characters (a longer single text stays whole): released before the next event of another
+    type, before the terminal, and by :meth:`release_text`, which the caller calls once it has
+    fed what it read. 0: one event per message. A gigabyte of 1 KiB lines is then ~30,000
+    stream entries instead of a million (docs/performance.md, row 6)."""
     counters: StreamCounters = field(default_factory=StreamCounters)
     terminal: Event | None = None
     last_mapper_error: str | None = None
@@ -155,6 +166,13 @@ class StreamDriver:
         self._drop_model = not self.adapter.CAPABILITIES.model_reporting
         self._splitter = LineSplitter(self.max_line_bytes)
         self._started = False
+        self._text: list[str] = []
+        """Held text (:attr:`coalesce_chars`), oldest first."""
+        self._text_chars = 0
+        # A text line read without an event of its own (adapters.protocol.TextMessages).
+        self._text_of: Callable[[dict[str, Any]], str | None] | None = None
+        if self.coalesce_chars and isinstance(self.adapter, TextMessages):
+            self._text_of = self.adapter.text_message
 
     @property
     def done(self) -> bool:
@@ -184,11 +202,32 @@ class StreamDriver:
         self.counters.oversized = self._splitter.oversized
         return out
 
+    def release_text(self) -> list[Event]:
+        """The text held so far (:attr:`coalesce_chars`), as one event; empty when none is."""
+        out: list[Event] = []
+        if self._text:
+            self._release_text(out)
+        return out
+
+    def _hold_text(self, text: str, out: list[Event]) -> None:
+        if self._text and self._text_chars + len(text) > self.coalesce_chars:
+            self._release_text(out)
+        self._text.append(text)
+        self._text_chars += len(text)
+
+    def _release_text(self, out: list[Event]) -> None:
+        held = self._text
+        out.append(AssistantText(text=held[0] if len(held) == 1 else "".join(held)))
+        self.counters.events += 1
+        held.clear()
+        self._text_chars = 0
+
     def _many(self, lines: list[bytes], out: list[Event]) -> None:
         """:meth:`_line` for each line, with the lookups done once: a flood of small lines
-        is the hot path (row 2 of docs/performance.md)."""
+        is the hot path (rows 2 and 6 of docs/performance.md)."""
         counters = self.counters
         map_message, state, accept = self.adapter.map_message, self.state, self._accept
+        text_of, hold = self._text_of, self._hold_text
         for raw in lines:
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
@@ -207,15 +246,25 @@ class StreamDriver:
                 counters.non_json += 1
                 continue
             counters.messages += 1
+            if text_of is not None:
+                text = text_of(message)
+                if text is not None:  # a text line: held, no event made for it
+                    if text:
+                        hold(text, out)
+                    continue
             try:
                 events = map_message(message, state)
             except Exception as exc:  # noqa: BLE001 -- as in _line
                 counters.mapper_errors += 1
                 self.last_mapper_error = f"{type(exc).__name__}: {exc}"
                 continue
-            if len(events) == 1 and events[0].type not in _ACCEPT_RULES:
-                # One plain event (no terminal yet, see above): what _accept would do.
-                out.append(events[0])
+            if len(events) == 1 and events[0].type not in _ACCEPT_RULES and not self._text:
+                # One plain event (no terminal yet, no text held): what _accept would do.
+                event = events[0]
+                if self.coalesce_chars and type(event) is AssistantText:
+                    hold(event.text, out)
+                    continue
+                out.append(event)
                 counters.events += 1
                 continue
             accept(events, out)
@@ -283,6 +332,11 @@ class StreamDriver:
             kind = event.type
             if kind == "turn-started":
                 continue
+            if self.coalesce_chars and type(event) is AssistantText:
+                self._hold_text(event.text, out)
+                continue
+            if self._text:
+                self._release_text(out)
             if self._drop_model and isinstance(event, Session | TurnComplete) and event.model:
                 event = event.model_copy(update={"model": None})
             out.append(event)

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import redis
 
+from sandbox.local import widen_pipe
+
 
 def local_output(argv: list[str], stdin: bytes) -> Iterator[bytes]:
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -23,6 +25,7 @@ def local_output(argv: list[str], stdin: bytes) -> Iterator[bytes]:
     proc.stdin.write(stdin)
     proc.stdin.close()
     fd = proc.stdout.fileno()
+    widen_pipe(fd)  # the worker's local sandbox widens its pipe too
     while True:
         data = os.read(fd, 256 * 1024)
         if not data:

@@ -267,7 +267,8 @@ class Settings(BaseSettings):
     coalesce_text_chars: int = Field(0, ge=0, le=1024 * 1024)
     """Consecutive ``assistant-text`` events read together (already in one batch of the
     harness's output: none waits for more) are published as one stream entry of up to this
-    many characters of text (worker/turn/coalesce.py). 0: one entry per harness line."""
+    many characters of text (adapters/stream.py, ``StreamDriver.coalesce_chars``). 0: one
+    entry per harness line."""
 
     # Permission requests answered live (--posture ask; worker/permissions/requests.py)
     permission_ask: bool = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from sandbox.base import (
     WarmPool,
 )
 from sandbox.docker.sandbox import DockerSandbox
-from sandbox.local import LocalProcess, LocalSandbox, _read_meta
+from sandbox.local import PIPE_BYTES, LocalProcess, LocalSandbox, _read_meta
 from sandbox.small_files import rewrite_in_place
 from sandbox.workspace import safe_name
 
@@ -375,3 +376,17 @@ def test_metadata_rewritten_in_place_reads_back_whole(tmp_path: Path) -> None:
     assert _read_meta(path) == {}
     path.write_bytes(b"[1, 2]")
     assert _read_meta(path) == {}
+
+
+def test_the_harness_writes_into_a_wide_pipe(sandbox: LocalSandbox, placement: Placement) -> None:
+    """A flood waits less on the worker's reader thread (docs/performance.md, row 6): the
+    harness's stdout is a pipe of PIPE_BYTES, not Linux's 64 KiB."""
+    process = _start(sandbox, placement, "sleep", "5")
+    try:
+        fd = os.open(f"/proc/{process.pid}/fd/1", os.O_WRONLY)
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) == PIPE_BYTES
+        finally:
+            os.close(fd)
+    finally:
+        process.kill(grace=0.1)

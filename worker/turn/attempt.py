@@ -21,7 +21,6 @@ from sandbox.base import ExecSpec, Process
 from worker.permissions.requests import Gate
 from worker.spend.budgets import Guard, UsageTotals
 from worker.store.publisher import SCRIPT_BATCH, RedisStreamPublisher
-from worker.turn.coalesce import coalesce_text
 from worker.turn.stall import Stall
 
 log = logging.getLogger(__name__)
@@ -56,8 +55,8 @@ class Limits:
     kill_grace_s: float
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     coalesce_text_chars: int = 0
-    """Consecutive text events of one batch published as one entry up to this many
-    characters (:func:`worker.turn.coalesce.coalesce_text`); 0: one entry per line."""
+    """Consecutive text of one batch of output published as one entry up to this many
+    characters (:attr:`adapters.stream.StreamDriver.coalesce_chars`); 0: one entry per line."""
 
 
 class ToolEvents(Protocol):
@@ -313,15 +312,13 @@ class _ReadLoop:
         # events of a whole batch alive at once (thousands of a flood's) cost more in the
         # garbage collector and the caches than the slicing does (docs/performance.md, row 2).
         events: list[Event] = []
-        coalesce = self.limits.coalesce_text_chars
         for at in range(0, len(data), FEED_BYTES):
             events += [e for e in driver.feed(data[at : at + FEED_BYTES]) if not e.terminal]
-            if coalesce:
-                events = coalesce_text(events, coalesce)
             if len(events) >= SCRIPT_BATCH:
                 whole = len(events) - len(events) % SCRIPT_BATCH  # whole script calls only
                 out.send(events[:whole])
                 del events[:whole]
+        events += driver.release_text()  # text read together is merged, never held back
         out.send(events)
         if self.gate is not None:
             out.send(self.gate.collect())

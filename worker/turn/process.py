@@ -57,7 +57,13 @@ def run_process(
 ) -> tuple[attempt.Outcome, StreamDriver]:
     """One harness process of the turn. ``may_start``, asked last before the process starts,
     refuses it with the turn's end (the worker no longer holds the turn)."""
-    driver = StreamDriver(adapter, request, attempt=number, max_line_bytes=limits.max_line_bytes)
+    driver = StreamDriver(
+        adapter,
+        request,
+        attempt=number,
+        max_line_bytes=limits.max_line_bytes,
+        coalesce_chars=limits.coalesce_text_chars,
+    )
     head = driver.start()
     if number == 1:
         out.send([traced(event, trace_id) for event in head])
