@@ -15,6 +15,9 @@ from typing import NamedTuple
 
 from worker.errors import InvalidInput
 
+FIRST_ID = "1-0"
+"""The run's first event: the only one whose XADD may create the run's stream (a stream that
+is gone later went with its run; worker/store/publisher.py)."""
 PART_MAX = 2**64 - 1
 """Redis's bound on each part of a stream entry id (an unsigned 64-bit integer)."""
 _FORM = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")  # ASCII digits only: no signs, no spaces

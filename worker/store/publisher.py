@@ -28,9 +28,12 @@ import redis
 from adapters.events import Event
 from worker.observe import metrics
 from worker.observe.masking import Masker
+from worker.store import xadd_tx
 from worker.store.errors import REDIS_ERRORS
+from worker.store.event_ids import FIRST_ID
 from worker.store.keys import Keys, SyncRedis
 from worker.store.lua import SentCall, scripts
+from worker.store.xadd_tx import SentTransaction
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +52,6 @@ LEAVE_RUNNING_BYTES = 64 * 1024
 """... and so does a batch of fewer, bigger events holding at least this much data (coalesced
 text: Redis copies it as long as it would run many small events)."""
 _DUPLICATE_ID = "equal or smaller than the target stream top item"
-FIRST_ID = "1-0"
-"""The run's first event: the only one that may create its stream."""
 
 
 class RedisStreamPublisher:
@@ -77,7 +78,7 @@ class RedisStreamPublisher:
         self._scripts = scripts(client)
         self._pending: deque[tuple[str, str, str, str]] = deque()
         """(entry id, type, data, ts) of every event not yet stored."""
-        self._sent: tuple[SentCall, int] | None = None
+        self._sent: tuple[SentCall | SentTransaction, int] | None = None
         """The script call left running (:meth:`publish`) and how many pending entries it holds."""
         self._retry_interval = retry_interval_s
         self._next_try = 0.0
@@ -178,18 +179,28 @@ class RedisStreamPublisher:
         )
         for at in range(0, len(batch), SCRIPT_BATCH):
             chunk = batch[at : at + SCRIPT_BATCH]
+            sent = self._sent_chunk(chunk)
             if leave_last and at + SCRIPT_BATCH >= len(batch):
-                self._sent = (
-                    self._scripts.send_xadd_batch(self._key, self._maxlen, chunk),
-                    len(chunk),
-                )
+                self._sent = (sent, len(chunk))
                 return
-            handled, dropped = self._scripts.xadd_batch(self._key, self._maxlen, chunk)
+            handled, dropped = sent.reply()
             if dropped:
                 rest = len(batch) - at
                 self._done(batch[at:], rest, dropped + rest - len(chunk))
                 return
             self._done(chunk, handled, 0)
+
+    def _sent_chunk(self, chunk: list[tuple[str, str, str, str]]) -> SentCall | SentTransaction:
+        """One chunk sent to Redis, its reply read later: as one script call, or, when its
+        entries are big (coalesced text), as plain XADDs in a guarded transaction, which
+        spares Redis handing their data to Lua (worker/store/xadd_tx.py)."""
+        key, maxlen = self._key, self._maxlen
+        if sum(len(data) for _, _, data, _ in chunk) < xadd_tx.MIN_ENTRY_BYTES * len(chunk):
+            return self._scripts.send_xadd_batch(key, maxlen, chunk)
+        pool = self._redis.connection_pool
+        return xadd_tx.send(
+            pool, key, maxlen, chunk, lambda: self._scripts.xadd_batch(key, maxlen, chunk)
+        )
 
     def _xadd_one(self, entry: tuple[str, str, str, str]) -> int:
         """One event as a plain XADD; 1 when it was dropped (the turn's stream went on without
