@@ -418,3 +418,9 @@ def test_last_seq_next_free_seq_and_last_type(client: fakeredis.FakeRedis) -> No
     assert last_seq(client, KEYS, RUN, 2) == (2, "assistant-text")
     assert last_seq(client, KEYS, RUN, 3) == (0, None)
     assert last_seq(client, KEYS, RUN, 10) == (1, "assistant-text")
+
+
+def test_masker_masks_a_match_once() -> None:
+    """A secret found inside ``[masked]`` (here "mask") does not mask the mask again."""
+    masker = Masker(["mask", "s3cr3t-value"])
+    assert masker.mask("a s3cr3t-value and a mask") == f"a {MASK} and a {MASK}"
