@@ -227,7 +227,8 @@ class StreamDriver:
         is the hot path (rows 2 and 6 of docs/performance.md)."""
         counters = self.counters
         map_message, state, accept = self.adapter.map_message, self.state, self._accept
-        text_of, hold = self._text_of, self._hold_text
+        text_of, hold, held, bound = self._text_of, self._hold_text, self._text, self.coalesce_chars
+        loads = orjson.loads
         for raw in lines:
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
@@ -238,10 +239,13 @@ class StreamDriver:
                 counters.dropped_after_terminal += 1
                 continue
             try:
-                message = _parse_json(raw)
-            except (ValueError, RecursionError):
-                counters.non_json += 1
-                continue
+                message = loads(raw)  # _parse_json, its first try inlined
+            except orjson.JSONDecodeError:
+                try:
+                    message = _parse_json(raw)
+                except (ValueError, RecursionError):
+                    counters.non_json += 1
+                    continue
             if not isinstance(message, dict):
                 counters.non_json += 1
                 continue
@@ -249,8 +253,11 @@ class StreamDriver:
             if text_of is not None:
                 text = text_of(message)
                 if text is not None:  # a text line: held, no event made for it
-                    if text:
-                        hold(text, out)
+                    if text:  # _hold_text, inlined
+                        if held and self._text_chars + len(text) > bound:
+                            self._release_text(out)
+                        held.append(text)
+                        self._text_chars += len(text)
                     continue
             try:
                 events = map_message(message, state)

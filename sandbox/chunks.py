@@ -73,6 +73,8 @@ class ChunkQueue:
                 return None
             assert isinstance(item, Chunk)
             with self._room:
+                full = self._queued >= self._limit  # only then may a reader wait for room
                 self._queued -= len(item.data)
-                self._room.notify_all()
+                if full:
+                    self._room.notify_all()
             return item
