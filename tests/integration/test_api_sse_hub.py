@@ -156,3 +156,49 @@ def test_a_key_redis_refuses_is_logged_as_what_failed_whichever_read_meets_it(
     scenario(body)
     said = [r.getMessage() for r in caplog.records if r.name == "worker.api.sse"]
     assert said == [logged]
+
+
+def test_a_runs_last_entries_reach_a_client_that_has_not_taken_them_yet(redis_url: str) -> None:
+    """The run's terminal and its end land together, and the hub reads the terminal and
+    learns of the end in one pass (its check of the runs' records falls due then: here on
+    every pass), while the client is busy sending what it took before. The client must
+    get the terminal, then the end (the CI failure: the end emptied the queue, so a client
+    of an ended run lost its last events and was never told)."""
+    keys = Keys("t" + uuid.uuid4().hex[:10])
+
+    async def body() -> None:
+        async with running_hub(redis_url, keys, check_every_s=0) as (hub, pool, _):
+            sub = await parked(hub, pool, "run")
+            pipe = pool.pipeline()  # as end_run.lua writes them: at once
+            for n in (1, 2):
+                pipe.xadd(keys.events("run"), {"type": "assistant-text", "data": "{}"}, id=f"1-{n}")
+            pipe.xadd(keys.events("run"), {"type": "session-error", "data": "{}"}, id="1-3")
+            pipe.hset(keys.run("run"), "status", "ended")
+            await pipe.execute()
+            await asyncio.sleep(0.5)  # the client busy sending what it took before
+            got = [await asyncio.wait_for(sub.queue.get(), 5) for _ in range(4)]
+            assert [item[0] for item in got[:3]] == ["1-1", "1-2", "1-3"]  # type: ignore[index]
+            assert got[3] == Ending()
+
+    scenario(body)
+
+
+def test_a_client_too_far_behind_is_told_to_come_back(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose queue is full is disconnected with a ``retry:`` and a comment saying
+    why (it was closed as quietly as a run's end: a client other than an ``EventSource``
+    took it for the run's end)."""
+    keys = Keys("t" + uuid.uuid4().hex[:10])
+    monkeypatch.setattr("worker.api.sse.QUEUE_MAX", 3)
+
+    async def body() -> None:
+        async with running_hub(redis_url, keys) as (hub, pool, _):
+            sub = await parked(hub, pool, "run")
+            for n in range(1, 6):
+                await pool.xadd(keys.events("run"), {"type": "t", "data": "{}"}, id=f"1-{n}")
+            ending = await asyncio.wait_for(sub.queue.get(), 5)
+            assert isinstance(ending, Ending) and ending.retry_ms is not None
+            assert "behind" in ending.comment
+
+    scenario(body)

@@ -74,7 +74,8 @@ class Ending:
 
 
 _END = Ending()
-"""The run has ended (or the client fell too far behind): the stream just closes."""
+"""The run has ended: the stream just closes."""
+BEHIND = Ending("the client fell too far behind; reconnect with Last-Event-ID", 1000)
 DRAINING = Ending("the server is shutting down; reconnect with Last-Event-ID", 1000)
 UNREACHABLE = Ending("Redis cannot be reached; reconnect with Last-Event-ID", 5000)
 REVOKED = Ending("the key no longer authenticates")
@@ -82,8 +83,8 @@ LOST = Ending(
     "the run is gone from Redis without its end (Redis lost its data)", event="stream-lost"
 )
 QUEUE_MAX = 10_000
-"""Entries a client may fall behind by; past it its stream is closed (it resumes with
-``Last-Event-ID``) rather than held in memory."""
+"""Entries a client may fall behind by; past it its stream is closed with :data:`BEHIND`
+(it resumes with ``Last-Event-ID``) rather than held in memory."""
 WAKE_TTL_S = 3600
 """How long a hub's wake stream outlives its last wake (the hub removes it when it stops; this
 is for one that died)."""
@@ -341,16 +342,24 @@ class StreamHub:
                 try:
                     sub.queue.put_nowait(entry)
                 except asyncio.QueueFull:
-                    self._close(run, sub)
+                    self._close(run, sub, BEHIND)
 
-    def _close(self, run: _Run, sub: Subscription, ending: Ending = _END) -> None:
+    def _close(
+        self, run: _Run, sub: Subscription, ending: Ending = _END, *, last: bool = False
+    ) -> None:
+        """End ``sub``'s stream with ``ending``. ``last``: the run has ended and the queue
+        holds its last entries, which go first (the client would not come back for them);
+        otherwise what it had not taken yet goes (the client reads it again after its last
+        id), as it does when the queue is full."""
         if sub in run.subscribers:
             run.subscribers.discard(sub)
             metrics.event_stream_closed()
-        # What it had not taken yet goes: the client reads it again after its last id.
+        if last and not sub.queue.full():
+            sub.queue.put_nowait(ending)
+            return
         while not sub.queue.empty():
             sub.queue.get_nowait()
-        sub.queue.put_nowait(ending)
+        sub.queue.put_nowait(BEHIND if last else ending)
 
     async def _end_finished(self) -> None:
         """Where each run's stream ends, once it has (:mod:`worker.store.stream_end`)."""
@@ -377,7 +386,7 @@ class StreamHub:
         for run_id, run in list(self._runs.items()):
             if run.end is not None and stream_end.reached(run.cursor, run.end):
                 for sub in list(run.subscribers):
-                    self._close(run, sub, LOST if run.lost else _END)
+                    self._close(run, sub, LOST if run.lost else _END, last=True)
                 self._runs.pop(run_id, None)
                 self._by_key.pop(run.key, None)
 
