@@ -5,10 +5,11 @@ guarded transaction, which stores nothing a script would have refused."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis
@@ -137,17 +138,35 @@ def test_big_events_for_a_stream_that_is_gone_do_not_make_it_again(
     assert client.exists(keys.events("r1")) == 0
 
 
+@contextlib.contextmanager
+def _own_connection(redis_url: str) -> Iterator[Any]:
+    """A connection of a client of its own, to send a transaction's commands one by one."""
+    ours = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        connection = ours.connection_pool.get_connection()
+        yield connection
+        ours.connection_pool.release(connection)
+    finally:
+        ours.close()
+
+
+def _batch_after(
+    client: SyncRedis, keys: Keys, kind: str, *, first: int
+) -> tuple[str, list[tuple[Any, ...]]]:
+    """A stream holding one entry, ``1-0`` of ``kind``, and the transaction of two big
+    entries from ``1-{first}`` on: (the stream's key, its commands)."""
+    stream = keys.events("r1")
+    client.xadd(stream, {"type": kind, "data": "{}", "ts": "0"}, id="1-0")
+    entries = [(f"1-{i}", "assistant-text", "x" * BIG, "0") for i in (first, first + 1)]
+    return stream, xadd_tx.commands(stream, 10_000, entries)
+
+
 def test_a_write_between_watch_and_exec_aborts_the_transaction(
     client: SyncRedis, keys: Keys, redis_url: str
 ) -> None:
     """Another writer ends the turn while the batch is on its way: EXEC runs none of it."""
-    stream = keys.events("r1")
-    client.xadd(stream, {"type": "turn-started", "data": "{}", "ts": "0"}, id="1-0")
-    entries = [(f"1-{i}", "assistant-text", "x" * BIG, "0") for i in (1, 2)]
-    commands = xadd_tx.commands(stream, 10_000, entries)
-    ours = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        connection = ours.connection_pool.get_connection()
+    stream, commands = _batch_after(client, keys, "turn-started", first=1)
+    with _own_connection(redis_url) as connection:
         connection.send_packed_command(connection.pack_commands(commands[:-1]))
         assert [connection.read_response() for _ in commands[:-1]] == [
             "OK", 1, "OK", "QUEUED", "QUEUED",
@@ -155,29 +174,18 @@ def test_a_write_between_watch_and_exec_aborts_the_transaction(
         client.xadd(stream, {"type": "turn-complete", "data": "{}", "ts": "0"}, id="1-1")
         connection.send_command("EXEC")
         replies = ["OK", 1, "OK", "QUEUED", "QUEUED", connection.read_response()]
-        assert replies[-1] is None
-        assert xadd_tx.outcome(replies, 2) is None  # the script then sorts it out
-        ours.connection_pool.release(connection)
-    finally:
-        ours.close()
+    assert replies[-1] is None
+    assert xadd_tx.outcome(replies, 2) is None  # the script then sorts it out
     assert [f["type"] for _, f in client.xrange(stream)] == ["turn-started", "turn-complete"]
 
 
 def test_the_guard_aborts_a_batch_whose_first_id_is_taken(
     client: SyncRedis, keys: Keys, redis_url: str
 ) -> None:
-    stream = keys.events("r1")
-    client.xadd(stream, {"type": "turn-complete", "data": "{}", "ts": "0"}, id="1-0")
-    entries = [(f"1-{i}", "assistant-text", "x" * BIG, "0") for i in (0, 1)]
-    commands = xadd_tx.commands(stream, 10_000, entries)
-    ours = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        connection = ours.connection_pool.get_connection()
+    stream, commands = _batch_after(client, keys, "turn-complete", first=0)
+    with _own_connection(redis_url) as connection:
         connection.send_packed_command(connection.pack_commands(commands))
         replies = [connection.read_response() for _ in commands]
-        ours.connection_pool.release(connection)
-    finally:
-        ours.close()
     assert replies == ["OK", 0, "OK", "QUEUED", "QUEUED", None]  # EXEC ran nothing
     assert [entry_id for entry_id, _ in client.xrange(stream)] == ["1-0"]
     assert client.exists(xadd_tx.fence_key(stream)) == 0
