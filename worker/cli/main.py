@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_permissions.add_commands(command, _add_run_id)
     cli_tenant.add_commands(command)
     cli_tools.add_commands(command)
-    cli_schedules.add_commands(command)
+    cli_schedules.add_commands(command, _parse_run)
     cli_triggers.add_commands(command)
     _add_operating(command)
     return parser
@@ -570,6 +570,12 @@ def _run(args: argparse.Namespace, session: Session) -> int:
         print(f"harness: warning: {warning}", file=sys.stderr)
     renderer.accepted(run_id, 1)
     return _follow(client, renderer, run_id, 1, args.wait) if args.follow else 0
+
+
+def _parse_run(rest: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """``harness run REST`` parsed: its arguments and the client's run options."""
+    run = build_parser().parse_args(["run", *rest])
+    return run, run_options(run)
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,7 +29,13 @@ NOT_FOR_A_SCHEDULE = {
 """``run`` options a schedule does not take: what follows one run, or files on this machine."""
 
 
-def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+RunParser = Callable[[list[str]], tuple[argparse.Namespace, dict[str, Any]]]
+"""``harness run``'s arguments parsed: (its namespace, the client's run options)."""
+
+
+def add_commands(command: Callable[..., argparse.ArgumentParser], parse_run: RunParser) -> None:
+    """``harness schedule``; ``parse_run`` reads the run of ``schedule add`` as ``harness run``
+    does (handed in by the command line's main module, which this one does not import)."""
     schedule = command(
         "schedule",
         "start runs on a cron",
@@ -50,6 +56,7 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         "UTC), then HARNESS INPUT and the options of `harness run`; history: --limit N (the "
         "newest N firings, default 20); every action: --json (one JSON object per line)",
     )
+    schedule.set_defaults(parse_run=parse_run)
 
 
 class _Rest(argparse.ArgumentParser):
@@ -88,16 +95,14 @@ def _line(shown: dict[str, Any]) -> str:
 
 
 def _add(args: argparse.Namespace, session: Session) -> dict[str, Any]:
-    from worker.cli.main import build_parser, run_options  # the run parser: no cycle at import
-
     parsed, rest = _rest(args)
     if len(rest) < 2:
         raise InvalidInput("schedule add needs HARNESS INPUT after --cron EXPR")
-    run = build_parser().parse_args(["run", *rest])
+    run, run_options = args.parse_run(rest)
     for dest, flag in NOT_FOR_A_SCHEDULE.items():
         if getattr(run, dest, None):
             raise InvalidInput(f"a schedule does not take {flag}")
-    options = {k: v for k, v in run_options(run).items() if v not in (None, [], {})}
+    options = {k: v for k, v in run_options.items() if v not in (None, [], {})}
     added: dict[str, Any] = session.client.add_schedule(
         args.name, parsed.cron, run.harness, run.prompt, tz=parsed.tz, **options
     )
