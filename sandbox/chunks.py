@@ -1,4 +1,5 @@
-"""Output chunks on their way from a sandbox's reader threads to the turn that reads them.
+"""Output chunks on their way from a Docker exec's reader thread to the turn that reads them
+(a local process's pipes are read by the turn itself: sandbox/pipes.py).
 
 The read-ahead is bounded: once ``limit`` bytes wait unread, the reader thread waits, and so
 (through the pipe) does the harness's ``write``. A harness printing a gigabyte therefore

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -33,26 +32,21 @@ from sandbox.base import (
     SandboxProcesses,
     StartFailed,
 )
-from sandbox.chunks import ChunkQueue
+from sandbox.pipes import Pipes
 from sandbox.procs import read_group
 from sandbox.small_files import rewrite_in_place
 from sandbox.stdin_pipe import StdinPipe
 from sandbox.store.snapshots import SnapshotStore
-from sandbox.threads import start_thread
 from sandbox.workspace import safe_name, workspace_dir
 
 log = logging.getLogger(__name__)
 
-_READ_SIZE = 256 * 1024
-"""Output read but not yet taken by ``read()``, at most (plus one read). Past it the pumps
-stop reading, the pipe fills and the harness blocks in its writes: a harness that writes
-faster than its output is published waits for it instead of filling the worker's memory."""
 PIPE_BYTES = 1024 * 1024
 """The harness's stdout pipe, widened from Linux's 64 KiB (the most an unprivileged process
-may ask for by default, ``/proc/sys/fs/pipe-max-size``). The reader thread takes each chunk
-only once it has the GIL back from the turn's read loop: meanwhile a harness writing a flood
-fills the pipe and waits, and a 64 KiB pipe made it wait often (a bare drain of `@fill`:
-~350 MB/s with 64 KiB, ~510 MB/s with 1 MiB; docs/performance.md, row 6)."""
+may ask for by default, ``/proc/sys/fs/pipe-max-size``). The turn reads it only between
+publishing what it read before: meanwhile a harness writing a flood fills the pipe and
+waits, and a 64 KiB pipe made it wait often (a bare drain of `@fill`: ~350 MB/s with 64 KiB,
+~510 MB/s with 1 MiB; docs/performance.md, row 6)."""
 META_FILE = ".harness-run.json"
 
 
@@ -76,13 +70,14 @@ def minimal_env(home: str, tmpdir: str, extra: Mapping[str, str]) -> dict[str, s
 
 
 class LocalProcess:
-    """A started child process whose stdout and stderr arrive as chunks on a queue."""
+    """A started child process whose stdout and stderr its reader reads itself (:class:`Pipes`)."""
 
     def __init__(
         self, popen: subprocess.Popen[bytes], stdin: bytes | None, keep_stdin: bool = False
     ) -> None:
         self._popen = popen
-        self._chunks = ChunkQueue(streams=2)
+        assert popen.stdout is not None and popen.stderr is not None
+        self._pipes = Pipes({"stdout": popen.stdout, "stderr": popen.stderr})
         self._killed = False
         self._stdin: StdinPipe | None = None
         if popen.stdin is not None:
@@ -99,12 +94,6 @@ class LocalProcess:
             self._stdin = StdinPipe(
                 send, shut, stdin or b"", keep_open=keep_stdin, name=f"local-{popen.pid}-in"
             )
-        start_thread(
-            functools.partial(self._pump, popen.stdout, "stdout"), f"local-{popen.pid}-out"
-        )
-        start_thread(
-            functools.partial(self._pump, popen.stderr, "stderr"), f"local-{popen.pid}-err"
-        )
 
     def write(self, data: bytes) -> bool:
         return self._stdin.write(data) if self._stdin is not None else False
@@ -119,13 +108,13 @@ class LocalProcess:
 
     @property
     def eof(self) -> bool:
-        return self._chunks.eof
+        return self._pipes.eof
 
     def read(self, timeout: float) -> Chunk | None:
-        return self._chunks.get(timeout)
+        return self._pipes.read(timeout)
 
     def nudge(self) -> None:
-        self._chunks.nudge()
+        self._pipes.nudge()
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -134,7 +123,6 @@ class LocalProcess:
             return None
 
     def kill(self, grace: float = 1.0) -> None:
-        self._chunks.unbound()  # nobody reads after a kill: the pumps must not wait for room
         if self._killed:
             return
         pgid = self._popen.pid  # the child leads its own group (start_new_session)
@@ -166,19 +154,6 @@ class LocalProcess:
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-
-    def _pump(self, stream: object, name: str) -> None:
-        fd = stream.fileno()  # type: ignore[attr-defined]
-        try:
-            while True:
-                data = os.read(fd, _READ_SIZE)
-                if not data:
-                    break
-                self._chunks.put(Chunk(name, data))  # type: ignore[arg-type]
-        except OSError:
-            pass
-        finally:
-            self._chunks.close_stream()
 
 
 def _group_members(pgids: Collection[int], *, alive_only: bool = False) -> list[tuple[int, str]]:

@@ -1,7 +1,8 @@
-"""The sandboxes' short-lived threads (a harness's pipe readers, its stdin writer), taken
-from idle ones where there are.
+"""The sandboxes' short-lived threads (a Docker exec's output reader, a harness's stdin
+writer), taken from idle ones where there are.
 
-A local turn started three threads and a Docker turn two, and ``Thread.start`` waits until
+A local turn started three threads and a Docker turn two (a local turn now reads its pipes
+itself: sandbox/pipes.py), and ``Thread.start`` waits until
 the new thread has run: on a busy worker that cost a local turn 1.35 ms at the median
 (docs/performance.md, row 1). A thread whose job has ended waits up to ``IDLE_S`` for the
 next one, then ends. Daemon threads, as the ones started per job were, which is why this is

@@ -115,6 +115,7 @@ BACKEND = frozenset(
     {
         "sandbox.base",
         "sandbox.chunks",
+        "sandbox.pipes",
         "sandbox.procs",
         "sandbox.small_files",
         "sandbox.stdin_pipe",

@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -390,3 +391,64 @@ def test_the_harness_writes_into_a_wide_pipe(sandbox: LocalSandbox, placement: P
             os.close(fd)
     finally:
         process.kill(grace=0.1)
+
+
+def test_the_turn_reads_the_pipes_itself_with_no_thread_per_process(
+    sandbox: LocalSandbox, placement: Placement
+) -> None:
+    """A reader thread per stream cost a flood a fifth of its throughput (docs/performance.md,
+    row 6): starting a harness starts no thread in the worker."""
+    process = _start(sandbox, placement, "/bin/sh", "-c", "sleep 0.5; echo out; echo err >&2")
+    time.sleep(0.2)  # a thread the start handed work to has taken it by now
+    assert not [t.name for t in threading.enumerate() if str(process.pid) in t.name]
+    out, err, code = _collect(process)
+    assert (out, err, code) == (b"out\n", b"err\n", 0)
+
+
+def test_nothing_is_read_ahead_of_the_turn(
+    sandbox: LocalSandbox, placement: Placement, tmp_path: Path
+) -> None:
+    """While the turn does not read, a harness writing more than its pipe holds waits in its
+    write: the worker holds none of it (a reader thread used to take 4 MiB ahead)."""
+    done = tmp_path / "done"
+    script = (
+        "import sys; sys.stdout.buffer.write(b'x' * (3 * 1024 * 1024)); sys.stdout.flush(); "
+        f"open({str(done)!r}, 'w').close()"
+    )
+    process = _start(sandbox, placement, sys.executable, "-c", script)
+    time.sleep(1.0)
+    assert not done.exists()
+    out, _, code = _collect(process)
+    assert len(out) == 3 * 1024 * 1024 and code == 0 and done.exists()
+
+
+def test_a_nudge_wakes_a_waiting_read_then_the_output_still_comes(
+    sandbox: LocalSandbox, placement: Placement
+) -> None:
+    process = _start(sandbox, placement, "/bin/sh", "-c", "sleep 1; echo hello")
+    woke: list[float] = []
+
+    def reader() -> None:
+        began = time.monotonic()
+        assert process.read(10.0) is None
+        woke.append(time.monotonic() - began)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    time.sleep(0.1)
+    process.nudge()
+    thread.join(5)
+    assert woke and woke[0] < 5
+    process.nudge()  # one before a read: that read returns at once
+    began = time.monotonic()
+    assert process.read(10.0) is None and time.monotonic() - began < 5
+    out, _, code = _collect(process)
+    assert (out, code) == (b"hello\n", 0)
+
+
+def test_the_pipes_are_closed_once_both_end(sandbox: LocalSandbox, placement: Placement) -> None:
+    process = _start(sandbox, placement, "/bin/true")
+    _collect(process)
+    popen = process._popen
+    assert popen.stdout is not None and popen.stderr is not None
+    assert popen.stdout.closed and popen.stderr.closed
