@@ -26,6 +26,7 @@ from sandbox.docker.sandbox import DockerSandbox
 from sandbox.local import PIPE_BYTES, LocalProcess, LocalSandbox, _read_meta
 from sandbox.small_files import rewrite_in_place
 from sandbox.workspace import safe_name
+from tests.unit.test_messages import woken_by_a_nudge
 
 RUN = "r0123456789abcdef01234567"
 
@@ -426,19 +427,7 @@ def test_a_nudge_wakes_a_waiting_read_then_the_output_still_comes(
     sandbox: LocalSandbox, placement: Placement
 ) -> None:
     process = _start(sandbox, placement, "/bin/sh", "-c", "sleep 1; echo hello")
-    woke: list[float] = []
-
-    def reader() -> None:
-        began = time.monotonic()
-        assert process.read(10.0) is None
-        woke.append(time.monotonic() - began)
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    time.sleep(0.1)
-    process.nudge()
-    thread.join(5)
-    assert woke and woke[0] < 5
+    assert woken_by_a_nudge(process.read, process.nudge) < 5
     process.nudge()  # one before a read: that read returns at once
     began = time.monotonic()
     assert process.read(10.0) is None and time.monotonic() - began < 5

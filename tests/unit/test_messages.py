@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -212,20 +213,27 @@ def test_a_sent_message_rings_the_turn_it_went_to(world: World) -> None:
     steering.close()
 
 
-def test_a_nudge_wakes_a_waiting_read_and_loses_no_chunk() -> None:
-    chunks = ChunkQueue(streams=1)
+def woken_by_a_nudge(read: Callable[[float], object], nudge: Callable[[], None]) -> float:
+    """Seconds a ``read(10.0)`` waited, in another thread, before a ``nudge`` 0.05 s in made it
+    return None (shared with tests/unit/test_local_sandbox.py)."""
     woke: list[float] = []
 
     def reader() -> None:
         began = time.monotonic()
-        assert chunks.get(10.0) is None
+        assert read(10.0) is None
         woke.append(time.monotonic() - began)
 
     thread = threading.Thread(target=reader)
     thread.start()
     time.sleep(0.05)
-    chunks.nudge()
+    nudge()
     thread.join(5)
-    assert woke and woke[0] < 5
+    assert woke, "the read did not return"
+    return woke[0]
+
+
+def test_a_nudge_wakes_a_waiting_read_and_loses_no_chunk() -> None:
+    chunks = ChunkQueue(streams=1)
+    assert woken_by_a_nudge(chunks.get, chunks.nudge) < 5
     chunks.put(Chunk("stdout", b"data"))
     assert chunks.get(1.0) == Chunk("stdout", b"data")
