@@ -15,14 +15,13 @@ import os
 import select
 import threading
 import time
-import weakref
 from typing import IO, Literal
 
 from sandbox.base import Chunk
 
 READ_SIZE = 256 * 1024
 """The most one :meth:`Pipes.read` takes from a pipe."""
-_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 class Pipes:
@@ -36,10 +35,10 @@ class Pipes:
             os.set_blocking(fd, False)
             self._files[fd] = (name, file)
             self._poll.register(fd, select.POLLIN)
-        # Written by nudge() from another thread; closed only with this object, so a late
-        # nudge never writes to a descriptor number reused by something else.
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        weakref.finalize(self, os.close, self._wake)
+        self._wake: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        """Written by nudge() from another thread; closed under :attr:`_wake_lock` once both
+        pipes have ended, so that a late nudge never writes to a number reused since."""
+        self._wake_lock = threading.Lock()
         self._poll.register(self._wake, select.POLLIN)
         self._ready: list[int] = []
         """Pipes the last poll found readable and not yet read (only this reader reads them,
@@ -54,7 +53,9 @@ class Pipes:
 
     def nudge(self) -> None:
         """Make a read waiting now (or the next one) return None at once."""
-        os.eventfd_write(self._wake, 1)
+        with self._wake_lock:
+            if self._wake is not None:
+                os.eventfd_write(self._wake, 1)
 
     def read(self, timeout: float) -> Chunk | None:
         """Up to :data:`READ_SIZE` bytes of one pipe, or None if neither had any within
@@ -85,9 +86,9 @@ class Pipes:
             for fd, mask in found:
                 if fd == self._wake:
                     with contextlib.suppress(BlockingIOError):
-                        os.eventfd_read(self._wake)
+                        os.eventfd_read(fd)
                     woken = True
-                elif mask & _READABLE or mask & select.POLLNVAL:
+                elif mask & _READABLE:
                     self._ready.append(fd)
             if woken:
                 return False
@@ -101,3 +102,8 @@ class Pipes:
         self._poll.unregister(fd)
         with contextlib.suppress(OSError):
             file.close()
+        if not self._files:  # nothing left to wake a read for: a finished turn holds no fd
+            with self._wake_lock:
+                assert self._wake is not None
+                os.close(self._wake)
+                self._wake = None

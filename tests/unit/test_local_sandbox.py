@@ -436,8 +436,13 @@ def test_a_nudge_wakes_a_waiting_read_then_the_output_still_comes(
 
 
 def test_the_pipes_are_closed_once_both_end(sandbox: LocalSandbox, placement: Placement) -> None:
+    """A run keeps its turns' processes until its teardown: a finished one holds no fd."""
+    before = len(os.listdir("/proc/self/fd"))
     process = _start(sandbox, placement, "/bin/true")
     _collect(process)
+    process.nudge()  # after the end: nothing to wake, and no fd written to
+    assert process.read(0) is None and process.eof
+    assert len(os.listdir("/proc/self/fd")) == before
     popen = process._popen
     assert popen.stdout is not None and popen.stderr is not None
     assert popen.stdout.closed and popen.stderr.closed
