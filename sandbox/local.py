@@ -156,6 +156,17 @@ class LocalProcess:
             os.killpg(pgid, sig)
 
 
+def _abandon(popen: subprocess.Popen[bytes]) -> None:
+    """Kill a process just started whose output cannot be read, and close its pipes."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.wait()
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
 def _group_members(pgids: Collection[int], *, alive_only: bool = False) -> list[tuple[int, str]]:
     """(pid, cwd) of the processes in these process groups, read from /proc in one pass
     (without the cwd, and without zombies, when ``alive_only``)."""
@@ -279,7 +290,11 @@ class LocalSandbox:
             raise StartFailed(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}") from exc
         assert popen.stdout is not None
         widen_pipe(popen.stdout.fileno())
-        process = LocalProcess(popen, spec.stdin, spec.keep_stdin)
+        try:
+            process = LocalProcess(popen, spec.stdin, spec.keep_stdin)
+        except (OSError, RuntimeError) as exc:  # no descriptor (or thread) left to read it with
+            _abandon(popen)
+            raise StartFailed(f"cannot read the output of {spec.argv[0]!r}: {exc}") from exc
         with self._lock:
             self._processes.setdefault(placement.run_id, set()).add(process)
             # Recorded so that a teardown in another process (the reaper, after this worker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -446,3 +447,32 @@ def test_the_pipes_are_closed_once_both_end(sandbox: LocalSandbox, placement: Pl
     popen = process._popen
     assert popen.stdout is not None and popen.stderr is not None
     assert popen.stdout.closed and popen.stderr.closed
+
+
+def test_a_harness_whose_output_cannot_be_read_is_killed_not_left_running(
+    sandbox: LocalSandbox, placement: Placement, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process has started when its pipes' reader is made: a worker out of descriptors
+    there must not leave it running unowned. (Running out of descriptors for real would take
+    the test's own with it: the failure is injected.)"""
+
+    def no_descriptor(*args: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr("sandbox.pipes.os.eventfd", no_descriptor)
+    marker = "31.4159"
+    with pytest.raises(StartFailed, match="cannot read the output of 'sleep'"):
+        _start(sandbox, placement, "sleep", marker)
+    running = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and _cmdline(pid) == f"sleep\0{marker}\0" and not _gone(int(pid))
+    ]
+    assert running == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
