@@ -5,7 +5,7 @@ A reader thread per stream, handing chunks over a queue, cost a flood of output 
 its throughput (docs/performance.md, row 6): each chunk crossed threads, and the reader took
 the GIL from the turn's read loop for every one. The pipes themselves bound what waits: once
 they are full the harness blocks in its writes, so a harness that writes faster than its
-output is published waits for it, and the worker holds at most one read at a time.
+output is published waits for it, and the worker holds only what the turn has taken.
 """
 
 from __future__ import annotations
