@@ -158,8 +158,7 @@ class LocalProcess:
 
 def _abandon(popen: subprocess.Popen[bytes]) -> None:
     """Kill a process just started whose output cannot be read, and close its pipes."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(popen.pid, signal.SIGKILL)
+    LocalProcess._signal_group(popen.pid, signal.SIGKILL)  # it leads its own group
     popen.wait()
     for pipe in (popen.stdin, popen.stdout, popen.stderr):
         if pipe is not None:
