@@ -147,7 +147,7 @@ class AssistantText(_Event):
         over every code point by a test); a lone surrogate, which orjson refuses, takes the
         general path."""
         try:
-            return '{"text":' + orjson.dumps(self.text).decode() + "}"
+            return orjson.dumps({"text": self.text}).decode()
         except orjson.JSONEncodeError:
             return super().data_json()
 

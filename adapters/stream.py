@@ -2,15 +2,16 @@
 
 Bytes from the harness's stdout become lines (CRLF tolerant, invalid UTF-8 replaced, a line
 over ``max_line_bytes`` dropped and counted without ever being held whole), lines become JSON
-messages (blank lines skipped, non-JSON lines counted and skipped: banners are normal),
-messages go through the adapter's ``map_message`` (an exception there is caught and
-counted), and the result is a turn whose first event is ``turn-started`` and whose last is its
-one terminal event. Lines after the terminal are dropped and counted. A stream that ends
-without a terminal gets one from the adapter's ``finish`` or, failing that, a ``session-error``
-of reason ``exit`` built from the exit code and the stderr tail. With
-:attr:`StreamDriver.coalesce_chars` set, consecutive ``assistant-text`` is merged into fewer
-events (released before the next event of another type, and whenever the caller has fed what
-it read: nothing waits for more output).
+messages (blank lines skipped, non-JSON lines counted and skipped: banners are normal; a
+chunk's complete lines parsed as one JSON array when each is one document, the same messages
+for one parse: :meth:`StreamDriver._block`), messages go through the adapter's
+``map_message`` (an exception there is caught and counted), and the result is a turn whose
+first event is ``turn-started`` and whose last is its one terminal event. Lines after the
+terminal are dropped and counted. A stream that ends without a terminal gets one from the
+adapter's ``finish`` or, failing that, a ``session-error`` of reason ``exit`` built from the
+exit code and the stderr tail. With :attr:`StreamDriver.coalesce_chars` set, consecutive
+``assistant-text`` is merged into fewer events (released before the next event of another
+type, and whenever the caller has fed what it read: nothing waits for more output).
 
 Pure: no I/O, no clock. The worker reads the process and feeds bytes in.
 """
@@ -18,9 +19,11 @@ Pure: no I/O, no clock. The worker reads the process and feeds bytes in.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import accumulate
+from typing import Any, cast
 
 import orjson
 
@@ -41,6 +44,13 @@ _ACCEPT_RULES = TERMINAL_TYPES | {"turn-started", "session"}
 """Event types that :meth:`StreamDriver._accept` does more with than append and count."""
 _decode_json = json.JSONDecoder().decode  # json.loads without its per-call dispatch
 STDERR_TAIL_CHARS = 2000
+BLOCK_PAUSE = 64
+"""Chunks fed line by line after one whose lines did not parse as one block
+(:meth:`StreamDriver._block`)."""
+LONG_LINE_BYTES = 256
+"""Lines at least this long on average are found one at a time by :func:`_holds_lines`."""
+_NOT_JSON = object()
+"""A line that is not JSON, in :meth:`StreamDriver._messages`."""
 
 
 class LineSplitter:
@@ -79,6 +89,27 @@ class LineSplitter:
         self.oversized += len(candidates) - len(lines)
         self._hold(rest)
         return lines
+
+    def whole_lines(self, chunk: bytes) -> bytes | None:
+        """The two or more complete lines this chunk ends, as one block joined by their
+        newlines (the block's own last newline left off), the rest held as :meth:`feed`
+        holds it. None, having taken nothing, when the chunk ends fewer than two lines or
+        the block could hold a line over the limit: :meth:`feed` takes it then."""
+        last = chunk.rfind(b"\n")
+        if (
+            self._discarding
+            or self._size + len(chunk) > self.max_line_bytes
+            or chunk.find(b"\n", 0, last) < 0
+        ):
+            return None
+        if self._parts:  # the end of a line begun in an earlier chunk
+            block = b"".join((*self._parts, memoryview(chunk)[:last]))
+            self._parts.clear()
+            self._size = 0
+        else:
+            block = chunk[:last]
+        self._hold(chunk[last + 1 :])
+        return block
 
     def flush(self) -> list[bytes]:
         """The last line when the stream ends without a newline."""
@@ -125,6 +156,19 @@ def _parse_json(raw: bytes) -> Any:
         return _decode_json(raw.decode("utf-8", errors="replace"))
 
 
+def _holds_lines(block: bytes, count: int) -> bool:
+    """Whether ``block`` holds exactly ``count`` lines. Where lines are long, found one at a
+    time (memchr skips a line at once); where short, counted (bytes.count reads every byte)."""
+    if len(block) < LONG_LINE_BYTES * count:
+        return block.count(b"\n") == count - 1
+    find, at = block.find, -1
+    for _ in range(count - 1):
+        at = find(b"\n", at + 1)
+        if at < 0:
+            return False
+    return find(b"\n", at + 1) < 0
+
+
 @dataclass
 class StreamCounters:
     lines: int = 0
@@ -169,6 +213,8 @@ class StreamDriver:
         self._text: list[str] = []
         """Held text (:attr:`coalesce_chars`), oldest first."""
         self._text_chars = 0
+        self._block_pause = 0
+        """Chunks still to go line by line after a block that did not parse whole."""
         # A text line read without an event of its own (adapters.protocol.TextMessages).
         self._text_of: Callable[[dict[str, Any]], str | None] | None = None
         if self.coalesce_chars and isinstance(self.adapter, TextMessages):
@@ -194,11 +240,16 @@ class StreamDriver:
     def feed(self, chunk: bytes) -> list[Event]:
         """Map a chunk of stdout; returns the events it completes, in order."""
         out = self.start()
+        if self._block_pause:
+            self._block_pause -= 1
+        else:
+            block = self._splitter.whole_lines(chunk)
+            if block is not None:
+                self._block(block, out)
+                return out
         lines = self._splitter.feed(chunk)
-        if len(lines) > 1:
+        if lines:
             self._many(lines, out)
-        elif lines:
-            self._line(lines[0], out)
         self.counters.oversized = self._splitter.oversized
         return out
 
@@ -222,31 +273,90 @@ class StreamDriver:
         held.clear()
         self._text_chars = 0
 
+    def _all_text(self, values: list[Any], out: list[Event]) -> bool:
+        """Hold every value's text when all are text messages (:attr:`coalesce_chars`), as
+        :meth:`_hold_text` one at a time would, each run of texts that fits taken at once;
+        False, having held nothing, when one is not."""
+        text_of = self._text_of
+        if text_of is None or set(map(type, values)) != {dict}:
+            return False
+        found = list(map(text_of, values))
+        if None in found:
+            return False
+        texts = cast("list[str]", found)
+        held, bound = self._text, self.coalesce_chars
+        ends = list(accumulate(map(len, texts)))  # ends[j]: the chars of texts[: j + 1]
+        at, count = 0, len(texts)
+        while at < count:
+            before = ends[at - 1] if at else 0
+            upto = bisect_right(ends, before + bound - self._text_chars, at)
+            if upto == at:  # texts[at] does not fit beside what is held
+                if held:
+                    self._release_text(out)
+                    continue
+                upto = at + 1  # a text longer than the bound stays whole
+            held.extend(filter(None, texts[at:upto]))
+            self._text_chars += ends[upto - 1] - before
+            at = upto
+        return True
+
+    def _block(self, block: bytes, out: list[Event]) -> None:
+        """Complete lines (:meth:`LineSplitter.whole_lines`) parsed as one JSON array, their
+        newlines made its commas: one orjson call in place of a split and a call per line,
+        the flood's hot path (row 6 of docs/performance.md). A block that does not parse to
+        exactly one value per line (a blank line, a banner, JSON orjson refuses, a document
+        over several lines) goes line by line, as do the next :data:`BLOCK_PAUSE` chunks, so
+        a harness whose output seldom parses whole does not pay twice for it.
+
+        Each value is then its line's, as line by line, for every output whose lines are
+        each one JSON document. Lines that are not could only be crafted to parse as the
+        values their text joins to; those are documents the harness could print on lines of
+        their own, so it gains nothing by it. Pretty-printed JSON never parses so: a line
+        break after ``{``, ``[``, ``:`` or ``,`` makes the array invalid."""
+        try:
+            values = orjson.loads(b"".join((b"[", block.replace(b"\n", b","), b"]")))
+        except orjson.JSONDecodeError:
+            values = None
+        if values is None or not _holds_lines(block, len(values)):
+            self._block_pause = BLOCK_PAUSE
+            self._many(block.split(b"\n"), out)
+            return
+        self._messages(values, out)
+
     def _many(self, lines: list[bytes], out: list[Event]) -> None:
-        """:meth:`_line` for each line, with the lookups done once: a flood of small lines
-        is the hot path (rows 2 and 6 of docs/performance.md)."""
-        counters = self.counters
-        map_message, state, accept = self.adapter.map_message, self.state, self._accept
-        text_of, hold, held, bound = self._text_of, self._hold_text, self._text, self.coalesce_chars
-        loads = orjson.loads
+        """Lines parsed one at a time (blank ones skipped), then :meth:`_messages`."""
+        if self.terminal is not None:  # all of it after the terminal: nothing to parse
+            counted = [raw for raw in lines if raw.strip()]
+            self.counters.lines += len(counted)
+            self.counters.dropped_after_terminal += len(counted)
+            return
+        values: list[Any] = []
         for raw in lines:
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
             if not raw or raw.isspace():
                 continue
-            counters.lines += 1
+            try:
+                values.append(_parse_json(raw))
+            except (ValueError, RecursionError):  # orjson's JSONDecodeError is a ValueError
+                values.append(_NOT_JSON)
+        self._messages(values, out)
+
+    def _messages(self, values: list[Any], out: list[Event]) -> None:
+        """Each line's JSON value through the adapter, with the lookups done once: a flood
+        of small lines is the hot path (rows 2 and 6 of docs/performance.md)."""
+        counters = self.counters
+        counters.lines += len(values)
+        if self._text_of is not None and self.terminal is None and self._all_text(values, out):
+            counters.messages += len(values)
+            return
+        map_message, state, accept = self.adapter.map_message, self.state, self._accept
+        text_of, hold, held, bound = self._text_of, self._hold_text, self._text, self.coalesce_chars
+        for message in values:
             if self.terminal is not None:
                 counters.dropped_after_terminal += 1
                 continue
-            try:
-                message = loads(raw)  # _parse_json, its first try inlined
-            except orjson.JSONDecodeError:
-                try:
-                    message = _parse_json(raw)
-                except (ValueError, RecursionError):
-                    counters.non_json += 1
-                    continue
-            if not isinstance(message, dict):
+            if not isinstance(message, dict):  # _NOT_JSON too
                 counters.non_json += 1
                 continue
             counters.messages += 1
@@ -261,7 +371,7 @@ class StreamDriver:
                     continue
             try:
                 events = map_message(message, state)
-            except Exception as exc:  # noqa: BLE001 -- as in _line
+            except Exception as exc:  # noqa: BLE001 -- one bad message is counted data, not a failed turn
                 counters.mapper_errors += 1
                 self.last_mapper_error = f"{type(exc).__name__}: {exc}"
                 continue
@@ -279,8 +389,7 @@ class StreamDriver:
     def finish(self, exit: ExitInfo) -> list[Event]:
         """The process has exited: flush, then make sure the turn has its terminal event."""
         out = self.start()
-        for line in self._splitter.flush():
-            self._line(line, out)
+        self._many(self._splitter.flush(), out)
         self.counters.oversized = self._splitter.oversized
         if self.done:
             return out
@@ -304,32 +413,6 @@ class StreamDriver:
         if not self.done:
             self._accept([error], out)
         return out
-
-    def _line(self, raw: bytes, out: list[Event]) -> None:
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        if not raw or raw.isspace():
-            return
-        self.counters.lines += 1
-        if self.done:
-            self.counters.dropped_after_terminal += 1
-            return
-        try:
-            message = _parse_json(raw)
-        except (ValueError, RecursionError):
-            self.counters.non_json += 1
-            return
-        if not isinstance(message, dict):
-            self.counters.non_json += 1
-            return
-        self.counters.messages += 1
-        try:
-            events = self.adapter.map_message(message, self.state)
-        except Exception as exc:  # noqa: BLE001 -- one bad message is counted data, not a failed turn
-            self.counters.mapper_errors += 1
-            self.last_mapper_error = f"{type(exc).__name__}: {exc}"
-            return
-        self._accept(events, out)
 
     def _accept(self, events: list[Event], out: list[Event]) -> None:
         for event in events:
